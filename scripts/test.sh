@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: installs what it needs, then lint, types and the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+if ! command -v redis-server >/dev/null 2>&1; then
+    # The tests start their own redis-server on a free loopback port; only the binary is needed.
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+fi
+.venv/bin/ruff check src tests benchmarks
+.venv/bin/mypy
+.venv/bin/python -m pytest "$@"

@@ -1,0 +1,337 @@
+"""Entries: named binary artifacts plus JSON metadata, and their one binary format.
+
+Layout of a packed entry (all integers little-endian)::
+
+    magic    8  b"KCENTRY\\n"
+    fixed   16  version u16, flags u16, n_artifacts u16, key_len u16, meta_len u32, table_len u32
+    key         key_len bytes, UTF-8
+    meta        meta_len bytes, JSON (UTF-8)
+    table       n_artifacts x (name_len u16, name, size u64, xxh3_128 16)
+    check   16  xxh3_128 of everything above
+    data        the artifacts' bytes, in table order
+
+The header is checksummed as a whole and every artifact on its own, so a
+reader can verify an entry with one pass and never returns bytes that differ
+from what was packed. Nothing here can execute code: no pickle, ever.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import xxhash
+
+from kernelcache.errors import CorruptEntry
+
+MAGIC = b"KCENTRY\n"
+FORMAT_VERSION = 1
+MAX_NAME_BYTES = 255
+_FIXED = struct.Struct("<HHHHII")
+_NAME_LEN = struct.Struct("<H")
+_SIZE = struct.Struct("<Q")
+PREFIX_SIZE = len(MAGIC) + _FIXED.size
+CHECK_SIZE = 16
+_hash = xxhash.xxh3_128_digest
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a safe artifact file name, else raise ``ValueError``.
+
+    Artifacts become files (``entry.path(name)``), so a name must be one plain
+    path component: no separators, no ``.``/``..``, no NUL, at most 255 bytes.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"artifact name must be str, not {type(name).__name__}: {name!r}")
+    encoded = name.encode("utf-8", "surrogatepass")
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or len(encoded) > MAX_NAME_BYTES
+    ):
+        raise ValueError(
+            f"unsafe artifact name {name!r}: it must be one path component, not '.' or '..', "
+            f"without '/', '\\\\' or NUL, and at most {MAX_NAME_BYTES} bytes"
+        )
+    return name
+
+
+def _dump_meta(meta: Mapping[str, Any]) -> bytes:
+    if not isinstance(meta, Mapping):
+        raise TypeError(f"entry meta must be a dict, not {type(meta).__name__}")
+    try:
+        return json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"entry meta must be JSON-serialisable: {exc}") from exc
+
+
+class Entry(Mapping[str, bytes]):
+    """An immutable set of named artifacts (``name -> bytes``) plus JSON-able metadata.
+
+    Read artifacts with ``entry[name]``; ``entry.path(name)`` gives a real file
+    for loaders that need one (``dlopen``, ``cuModuleLoad``). Entries read from
+    a store were verified against their checksums before being returned.
+    """
+
+    __slots__ = ("_artifacts", "_lock", "_materialize", "_meta", "_meta_raw", "_paths", "key")
+
+    def __init__(
+        self,
+        artifacts: Mapping[str, bytes | bytearray | memoryview],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
+        if not isinstance(artifacts, Mapping):
+            raise TypeError(
+                f"artifacts must be a mapping of name -> bytes, not {type(artifacts).__name__}"
+            )
+        checked: dict[str, bytes] = {}
+        for name, data in artifacts.items():
+            validate_name(name)
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise TypeError(f"artifact {name!r} must be bytes, not {type(data).__name__}")
+            checked[name] = bytes(data)
+        self._artifacts = checked
+        self._meta_raw = _dump_meta(meta or {})
+        self._meta: dict[str, Any] | None = json.loads(self._meta_raw)
+        self.key = key
+        self._materialize: Callable[[Entry, str], str] | None = None
+        self._paths: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def _trusted(cls, artifacts: dict[str, bytes], meta_raw: bytes, key: str) -> Entry:
+        """Build from verified parts without re-validating (the read hot path)."""
+        self = cls.__new__(cls)
+        self._artifacts = artifacts
+        self._meta_raw = meta_raw
+        self._meta = None
+        self.key = key
+        self._materialize = None
+        self._paths = {}
+        self._lock = threading.Lock()
+        return self
+
+    # Mapping interface -------------------------------------------------
+    def __getitem__(self, name: str) -> bytes:
+        try:
+            return self._artifacts[name]
+        except KeyError:
+            raise KeyError(
+                f"entry has no artifact {name!r} (it has {sorted(self._artifacts)})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._artifacts)
+
+    def __len__(self) -> int:
+        return len(self._artifacts)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return self._artifacts == other._artifacts and self._meta_raw == other._meta_raw
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{n}: {len(d)} B" for n, d in self._artifacts.items())
+        return f"Entry({{{sizes}}}, meta={self._meta_raw.decode()[:80]})"
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._artifacts)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        if self._meta is None:
+            try:
+                meta = json.loads(self._meta_raw)
+            except ValueError as exc:
+                raise CorruptEntry(f"entry metadata is not JSON: {exc}") from exc
+            if not isinstance(meta, dict):
+                raise CorruptEntry("entry metadata is not a JSON object")
+            self._meta = meta
+        return self._meta
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of artifact data plus metadata (what size caps count)."""
+        return sum(map(len, self._artifacts.values())) + len(self._meta_raw)
+
+    def with_meta(self, **updates: Any) -> Entry:
+        """A copy with metadata fields added or replaced."""
+        return Entry(self._artifacts, {**self.meta, **updates}, key=self.key)
+
+    # Files for loaders -------------------------------------------------
+    def path(self, name: str) -> str:
+        """A real file holding artifact ``name``, valid while the entry is cached.
+
+        Entries read from a disk store give a file inside that store; others
+        are written once to a private temporary directory of this process.
+        """
+        data = self[name]
+        with self._lock:
+            existing = self._paths.get(name)
+            if existing is not None and os.path.exists(existing):
+                return existing
+            path = (self._materialize or _materialize_tmp)(self, name)
+            if os.path.getsize(path) != len(data):
+                raise CorruptEntry(f"materialised file {path} does not match artifact {name!r}")
+            self._paths[name] = path
+            return path
+
+    # Binary format -----------------------------------------------------
+    def pack(self, key: str | None = None) -> bytes:
+        """Serialise to the self-describing binary format (the module docstring)."""
+        return b"".join(self.pack_parts(key))
+
+    def pack_parts(self, key: str | None = None) -> list[bytes]:
+        """The packed form as a list of buffers (header first), to write without joining."""
+        key = key if key is not None else (self.key or "")
+        key_raw = key.encode()
+        table = []
+        for name, data in self._artifacts.items():
+            raw = name.encode("utf-8", "surrogatepass")
+            table.append(_NAME_LEN.pack(len(raw)) + raw + _SIZE.pack(len(data)) + _hash(data))
+        table_raw = b"".join(table)
+        header = b"".join(
+            (
+                MAGIC,
+                _FIXED.pack(
+                    FORMAT_VERSION,
+                    0,
+                    len(self._artifacts),
+                    len(key_raw),
+                    len(self._meta_raw),
+                    len(table_raw),
+                ),
+                key_raw,
+                self._meta_raw,
+                table_raw,
+            )
+        )
+        return [header + _hash(header), *self._artifacts.values()]
+
+    @classmethod
+    def unpack(cls, data: bytes | bytearray | memoryview, key: str | None = None) -> Entry:
+        """Parse and verify a packed entry; any defect raises :class:`CorruptEntry`.
+
+        With ``key``, the key recorded in the entry must match it (a file
+        placed under the wrong name is corrupt, not a hit).
+        """
+        view = memoryview(data)
+        header = parse_header(view)
+        if header.total_size != len(view):
+            raise CorruptEntry(f"entry is {len(view)} bytes, its header says {header.total_size}")
+        return header.build(lambda offset, size: bytes(view[offset : offset + size]), key)
+
+
+class Header:
+    """The parsed header of a packed entry: where each artifact lies."""
+
+    __slots__ = ("data_offset", "key", "meta_raw", "table", "total_size")
+
+    def __init__(
+        self, key: str, meta_raw: bytes, table: list[tuple[str, int, bytes]], data_offset: int
+    ):
+        self.key = key
+        self.meta_raw = meta_raw
+        self.table = table
+        self.data_offset = data_offset
+        self.total_size = data_offset + sum(size for _, size, _ in table)
+
+    def build(self, read: Callable[[int, int], bytes], key: str | None) -> Entry:
+        """Read every artifact through ``read(offset, size)``, verify it, return the Entry."""
+        if key is not None and key != self.key:
+            raise CorruptEntry(f"entry was stored for key {self.key!r}, not {key!r}")
+        artifacts: dict[str, bytes] = {}
+        offset = self.data_offset
+        for name, size, checksum in self.table:
+            blob = read(offset, size)
+            if len(blob) != size or _hash(blob) != checksum:
+                raise CorruptEntry(f"artifact {name!r} fails its checksum")
+            artifacts[name] = blob
+            offset += size
+        return Entry._trusted(artifacts, self.meta_raw, self.key)
+
+
+def header_size(prefix: bytes | memoryview) -> int:
+    """Total header length (checksum included) from the first PREFIX_SIZE bytes."""
+    if len(prefix) < PREFIX_SIZE or bytes(prefix[: len(MAGIC)]) != MAGIC:
+        raise CorruptEntry("not a kernelcache entry (bad magic or too short)")
+    version, _flags, _n, key_len, meta_len, table_len = _FIXED.unpack_from(prefix, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise CorruptEntry(
+            f"entry format version {version} is not supported (this is {FORMAT_VERSION})"
+        )
+    return int(PREFIX_SIZE + key_len + meta_len + table_len + CHECK_SIZE)
+
+
+def parse_header(view: memoryview) -> Header:
+    """Parse and checksum-verify the header at the start of ``view``."""
+    end = header_size(view)
+    if len(view) < end:
+        raise CorruptEntry(f"entry truncated inside its header ({len(view)} of {end} bytes)")
+    body = view[: end - CHECK_SIZE]
+    if _hash(body) != bytes(view[end - CHECK_SIZE : end]):
+        raise CorruptEntry("entry header fails its checksum")
+    _version, _flags, count, key_len, meta_len, _table_len = _FIXED.unpack_from(view, len(MAGIC))
+    pos = PREFIX_SIZE
+    try:
+        key = bytes(view[pos : pos + key_len]).decode()
+        pos += key_len
+        meta_raw = bytes(view[pos : pos + meta_len])
+        pos += meta_len
+        table = []
+        for _ in range(count):
+            (name_len,) = _NAME_LEN.unpack_from(view, pos)
+            pos += _NAME_LEN.size
+            name = bytes(view[pos : pos + name_len]).decode("utf-8", "surrogatepass")
+            pos += name_len
+            (size,) = _SIZE.unpack_from(view, pos)
+            pos += _SIZE.size
+            checksum = bytes(view[pos : pos + 16])
+            pos += 16
+            validate_name(name)
+            table.append((name, size, checksum))
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptEntry(f"entry header is malformed: {exc}") from exc
+    if pos != end - CHECK_SIZE:
+        raise CorruptEntry("entry header lengths are inconsistent")
+    return Header(key, meta_raw, table, end)
+
+
+_tmp_dir: str | None = None
+_tmp_lock = threading.Lock()
+
+
+def _materialize_tmp(entry: Entry, name: str) -> str:
+    """Write an artifact of a memory-only entry to this process's private temp dir."""
+    global _tmp_dir
+    with _tmp_lock:
+        if _tmp_dir is None:
+            _tmp_dir = tempfile.mkdtemp(prefix="kernelcache-")  # mode 0700
+            # Files handed to loaders live until the process ends, not longer.
+            atexit.register(shutil.rmtree, _tmp_dir, True)
+    data = entry[name]
+    folder = os.path.join(_tmp_dir, xxhash.xxh3_128_hexdigest(data))
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return path

@@ -1,0 +1,113 @@
+"""Content-addressed cache keys.
+
+A key is the SHA-256 of a canonical encoding of labelled fields. Every value is
+written as ``tag + length + payload`` so that no two different inputs share an
+encoding: ``1``, ``"1"``, ``True``, ``b"1"`` and ``1.0`` differ by tag, and
+``("a", "b")`` differs from ``("ab",)`` by the lengths. Concatenating strings
+with separators (Triton's ``f"{a}-{b}"``) or hashing ``repr()`` (TileLang) both
+produce collisions or unstable keys; this module does neither.
+
+Pure functions only: no I/O, so keys can be tested without storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+#: Bumped whenever the encoding changes, so old and new keys never coincide.
+SCHEMA_VERSION = 1
+
+_LEN = struct.Struct(">Q")
+_FLOAT = struct.Struct(">d")
+
+
+def _frame(tag: bytes, payload: bytes) -> bytes:
+    return tag + _LEN.pack(len(payload)) + payload
+
+
+def encode(value: Any) -> bytes:
+    """Return the canonical, type-tagged encoding of ``value``.
+
+    Supported: None, bool, int, float, str, bytes-like, list/tuple (same tag:
+    option lists are often passed either way), dict (order-independent) and
+    any nesting of these. Anything else raises :class:`TypeError`: a silent
+    ``repr()`` would put addresses or unstable text into keys.
+    """
+    # bool before int: bool is a subclass of int but must not collide with 1/0.
+    if value is None:
+        return b"N"
+    if isinstance(value, bool):
+        return b"T" if value else b"F"
+    if isinstance(value, int):
+        return _frame(b"i", str(int(value)).encode())
+    if isinstance(value, float):
+        # One NaN, and -0.0 kept distinct from 0.0 (they can change codegen).
+        payload = b"nan" if math.isnan(value) else _FLOAT.pack(value)
+        return _frame(b"f", payload)
+    if isinstance(value, str):
+        return _frame(b"s", value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _frame(b"b", bytes(value))
+    if isinstance(value, (list, tuple)):
+        return _frame(b"l", b"".join(encode(item) for item in value))
+    if isinstance(value, Mapping):
+        items = sorted(encode(k) + encode(v) for k, v in value.items())
+        return _frame(b"d", b"".join(items))
+    raise TypeError(
+        f"cannot use a value of type {type(value).__module__}.{type(value).__qualname__} "
+        "in a cache key; convert it to str, bytes, int, float, bool, None, list or dict "
+        "(or fingerprint it with kernelcache.fingerprint)"
+    )
+
+
+class KeyBuilder:
+    """Build a key from labelled fields.
+
+    ``KeyBuilder("my-dsl").add("source", src).add("arch", "sm_90").hexdigest()``
+
+    The namespace and schema version are hashed first, so two tools that hash
+    the same fields never share keys.
+    """
+
+    __slots__ = ("_hash", "namespace")
+
+    def __init__(self, namespace: str) -> None:
+        if not isinstance(namespace, str) or not namespace:
+            raise TypeError("KeyBuilder needs a non-empty str namespace")
+        self.namespace = namespace
+        self._hash = hashlib.sha256()
+        self._hash.update(encode(("kernelcache-key", SCHEMA_VERSION, namespace)))
+
+    def add(self, label: str, value: Any) -> KeyBuilder:
+        """Mix in one labelled field; returns ``self`` for chaining."""
+        if not isinstance(label, str):
+            raise TypeError(f"key labels must be str, not {type(label).__name__}")
+        self._hash.update(encode(label) + encode(value))
+        return self
+
+    def copy(self) -> KeyBuilder:
+        """An independent builder holding the fields added so far."""
+        other = KeyBuilder.__new__(KeyBuilder)
+        other.namespace = self.namespace
+        other._hash = self._hash.copy()
+        return other
+
+    def digest(self) -> bytes:
+        """The 32-byte key; the builder can still be extended afterwards."""
+        return self._hash.copy().digest()
+
+    def hexdigest(self) -> str:
+        """The key as 64 lowercase hex characters (what stores take)."""
+        return self._hash.copy().hexdigest()
+
+
+def make_key(namespace: str, **fields: Any) -> str:
+    """Shorthand: the hex key of ``fields`` (labels sorted, so order is irrelevant)."""
+    builder = KeyBuilder(namespace)
+    for label in sorted(fields):
+        builder.add(label, fields[label])
+    return builder.hexdigest()

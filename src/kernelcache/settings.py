@@ -1,0 +1,102 @@
+"""All configuration in one typed object: arguments, then environment, then defaults.
+
+Each value remembers where it came from, so ``kernelcache config`` can say why
+a setting has the value it has.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernelcache.errors import ConfigError
+from kernelcache.units import parse_size
+
+ENV_PREFIX = "KERNELCACHE_"
+DEFAULT_MAX_SIZE = 10 << 30
+DEFAULT_MEMORY_MAX_SIZE = 256 << 20
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def default_dir() -> str:
+    """The platform's user cache directory for kernelcache."""
+    import platformdirs  # deferred: the launcher's hit path may not need it
+
+    return str(platformdirs.user_cache_dir("kernelcache", appauthor=False))
+
+
+def _parse_bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ConfigError(
+        f"{ENV_PREFIX}{name} must be one of 1/0, true/false, yes/no, on/off; got {text!r}"
+    )
+
+
+def _parse_optional_size(name: str, text: str) -> int | None:
+    if text.strip().lower() in ("", "0", "none", "unlimited"):
+        return None
+    return parse_size(text)
+
+
+# name -> (parser of the environment text, default factory)
+_FIELDS: dict[str, tuple[Any, Any]] = {
+    "dir": (lambda name, text: os.path.expanduser(text), default_dir),
+    "max_size": (_parse_optional_size, lambda: DEFAULT_MAX_SIZE),
+    "memory_max_size": (_parse_optional_size, lambda: DEFAULT_MEMORY_MAX_SIZE),
+    "remote": (lambda name, text: text or None, lambda: None),
+    "disable": (_parse_bool, lambda: False),
+    "readonly": (_parse_bool, lambda: False),
+    "secret": (lambda name, text: text or None, lambda: None),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Effective configuration; build it with :meth:`load`."""
+
+    dir: str
+    max_size: int | None
+    memory_max_size: int | None
+    remote: str | None
+    disable: bool
+    readonly: bool
+    secret: str | None
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def load(cls, environ: dict[str, str] | None = None, **arguments: Any) -> Settings:
+        """Arguments win over ``KERNELCACHE_*`` variables, which win over defaults."""
+        env = os.environ if environ is None else environ
+        unknown = set(arguments) - set(_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for name, (parse, default) in _FIELDS.items():
+            var = ENV_PREFIX + name.upper()
+            if arguments.get(name) is not None:
+                value = arguments[name]
+                values[name] = parse_size(value) if name.endswith("max_size") else value
+                sources[name] = "argument"
+            elif var in env:
+                values[name] = parse(name.upper(), env[var])
+                sources[name] = f"environment {var}"
+            else:
+                values[name] = default()
+                sources[name] = "default"
+        return cls(**values, sources=sources)
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """``(name, value, source)`` rows; the secret is never shown."""
+        rows = []
+        for name in _FIELDS:
+            value = getattr(self, name)
+            shown = "<set>" if name == "secret" and value else str(value)
+            rows.append((name, shown, self.sources.get(name, "default")))
+        return rows

@@ -1,0 +1,172 @@
+"""The abstract base every storage tier implements.
+
+A tier implements five methods (``get``, ``put``, ``delete``, ``keys``,
+``close``) and keeps its counters in ``self.counters``; the base supplies the
+rest. There is deliberately no ``__contains__``: ``if key in store:
+store.get(key)`` races with other processes, and ``get`` answers both
+questions at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import Any, Protocol
+
+from kernelcache.entry import Entry
+from kernelcache.errors import ReadOnlyStoreError
+
+_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if stores can use it as a name, else raise ``ValueError``.
+
+    Keys become file names and Redis keys, so they are restricted to
+    ``[A-Za-z0-9_.-]``, 1 to 200 characters, not starting with ``.`` or ``-``.
+    Hex digests from :class:`~kernelcache.keys.KeyBuilder` always qualify.
+    """
+    if not isinstance(key, str) or _KEY_RE.fullmatch(key) is None:
+        raise ValueError(
+            f"invalid cache key {key!r}: use 1-200 characters of [A-Za-z0-9_.-], "
+            "not starting with '.' or '-' (KeyBuilder.hexdigest() gives one)"
+        )
+    return key
+
+
+@dataclass
+class Counters:
+    """What a tier did since this process opened it."""
+
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    deletes: int = 0
+    evictions: int = 0
+    errors: int = 0
+    corrupt: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class FlightLock(Protocol):
+    """A lock that lets one compile of a key run at a time within a tier's reach.
+
+    A disk tier's lock spans the processes of one machine; a remote tier's
+    lock spans machines. ``acquire`` returns ``False`` when ``timeout``
+    seconds pass first: the caller then compiles anyway (liveness beats
+    deduplication). ``release`` is only called after a successful acquire.
+    """
+
+    def acquire(self, timeout: float) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass
+class EntryInfo:
+    """One stored entry as listings see it, without reading its artifacts."""
+
+    key: str
+    size: int
+    last_access: float  # seconds since the epoch
+    created: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Store(abc.ABC):
+    """One storage tier: ``key -> Entry``.
+
+    Implementations translate their backend's errors into
+    :class:`~kernelcache.errors.StoreError` and count misses, hits, puts,
+    evictions and errors in ``self.counters``.
+    """
+
+    #: Short name used in statistics ("memory", "disk", "sqlite", "redis").
+    kind: str = "store"
+
+    def __init__(self, *, read_only: bool = False) -> None:
+        self.read_only = read_only
+        self.counters = Counters()
+        self._closed = False
+        self._counter_lock = threading.Lock()
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Entry | None:
+        """The verified entry stored under ``key``, or ``None``.
+
+        A damaged entry is a miss: it is removed and counted as corrupt.
+        """
+
+    @abc.abstractmethod
+    def put(self, key: str, entry: Entry) -> None:
+        """Store ``entry`` under ``key``, replacing any previous one atomically."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; ``True`` if something was removed."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[str]:
+        """Iterate over stored keys (a snapshot; entries may come and go meanwhile)."""
+
+    def flight_lock(self, key: str) -> FlightLock | None:
+        """A lock for single-flight compiles of ``key``, or ``None`` if this tier has none."""
+        return None
+
+    def scan(self) -> Iterator[EntryInfo]:
+        """Size and access time of every entry; tiers override this to avoid reading data."""
+        for key in self.keys():
+            entry = self.get(key)
+            if entry is not None:
+                yield EntryInfo(key, entry.nbytes, 0.0)
+
+    def usage(self) -> tuple[int, int]:
+        """``(entries, bytes)`` currently stored."""
+        count = size = 0
+        for info in self.scan():
+            count += 1
+            size += info.size
+        return count, size
+
+    #: Size cap in bytes, or ``None`` when the tier is unbounded.
+    max_bytes: int | None = None
+
+    def clear(self) -> int:
+        """Remove every entry; returns how many were removed."""
+        self._check_writable()
+        return sum(1 for key in list(self.keys()) if self.delete(key))
+
+    def close(self) -> None:
+        """Release resources; the store must not be used afterwards."""
+        self._closed = True
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus the tier's identity, for ``Cache.stats()``."""
+        return {"kind": self.kind, "read_only": self.read_only, **self.counters.as_dict()}
+
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self!r} is read-only")
+
+    def _count(self, name: str, amount: int = 1) -> None:
+        with self._counter_lock:
+            setattr(self.counters, name, getattr(self.counters, name) + amount)
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,480 @@
+"""Local-directory tier: one file per entry, published atomically, LRU under size caps.
+
+Layout under ``path``::
+
+    v1/entries/<s>/<key>.kce      packed entries (kernelcache.entry format), s = shard 0-f
+    v1/files/<s>/<key>.<tag>/     artifacts extracted for Entry.path(), one dir per entry version
+    v1/shards/<s>                 bytes and entry count of shard s, updated under flock
+    v1/staging/                   files being written and entries being removed
+
+Concurrency contract: readers see either no entry or a complete one (staging
+file, then one ``os.replace``), whatever happens to writers, including
+SIGKILL. Not power-loss durable unless ``durable=True`` (fsync before publish).
+Size caps are enforced per shard, as ccache does, so a put never scans the
+whole cache: a shard that grows past ``max_bytes / 16`` is cleaned by the
+writer that noticed, under the shard's lock, down to 90 % of its share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import os
+import shutil
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import xxhash
+
+from kernelcache.entry import PREFIX_SIZE, Entry, header_size, parse_header
+from kernelcache.errors import CorruptEntry, StoreError
+from kernelcache.stores.base import EntryInfo, Store, validate_key
+
+SHARDS = 16
+SUFFIX = ".kce"
+#: Staging files older than this belong to a crashed writer and are swept.
+STALE_STAGING_SECONDS = 3600.0
+#: A hit refreshes the entry's mtime (its LRU clock) at most this often.
+TOUCH_INTERVAL = 60.0
+#: Cleaning stops when a shard is down to this fraction of its cap.
+LOW_WATER = 0.9
+_FIRST_READ = 8192
+_COUNTER = struct.Struct("<qq")  # bytes, entries
+_T = TypeVar("_T")
+
+
+def _shard(key: str) -> str:
+    return "%x" % (xxhash.xxh32_intdigest(key.encode()) % SHARDS)
+
+
+class DiskStore(Store):
+    """A directory of verified entries shared safely by any number of processes.
+
+    Caps: ``max_bytes`` and ``max_entries`` hold within one entry per
+    concurrently writing process (the slack between publishing an entry and
+    accounting for it). An entry larger than ``max_bytes / 16`` cannot be kept.
+    """
+
+    kind = "disk"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_bytes: int | None = None,
+        max_entries: int | None = None,
+        *,
+        read_only: bool = False,
+        durable: bool = False,
+    ) -> None:
+        super().__init__(read_only=read_only)
+        for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.durable = durable
+        self._base = os.path.join(self.path, "v1")
+        self._entries = os.path.join(self._base, "entries")
+        self._files = os.path.join(self._base, "files")
+        self._staging = os.path.join(self._base, "staging")
+        self._shards = os.path.join(self._base, "shards")
+        self._counter_fds: dict[str, int] = {}
+        self._counter_pid = os.getpid()
+        if not read_only:
+            self._guard(self._create_layout)
+            self._guard(self._sweep_staging)
+
+    def __repr__(self) -> str:
+        return f"DiskStore({self.path!r})"
+
+    # Setup -------------------------------------------------------------
+    def _create_layout(self) -> None:
+        if not os.path.isdir(self.path):
+            # Private to the user: a shared cache directory lets others plant binaries.
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            tag = os.path.join(self.path, "CACHEDIR.TAG")
+            with open(tag, "w") as f:
+                f.write("Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n")
+        for top in (self._entries, self._files):
+            for i in range(SHARDS):
+                os.makedirs(os.path.join(top, f"{i:x}"), mode=0o700, exist_ok=True)
+        os.makedirs(self._staging, mode=0o700, exist_ok=True)
+        os.makedirs(self._shards, mode=0o700, exist_ok=True)
+
+    def _sweep_staging(self) -> None:
+        """Remove what crashed writers left in staging (older than an hour)."""
+        cutoff = time.time() - STALE_STAGING_SECONDS
+        with os.scandir(self._staging) as it:
+            for item in it:
+                try:
+                    if item.stat(follow_symlinks=False).st_mtime >= cutoff:
+                        continue
+                    if item.is_dir(follow_symlinks=False):
+                        shutil.rmtree(item.path)
+                    else:
+                        os.unlink(item.path)
+                except FileNotFoundError:
+                    continue  # another process swept it first
+
+    def _guard(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn``, turning OS errors into a counted StoreError."""
+        try:
+            return fn()
+        except OSError as exc:
+            self._count("errors")
+            raise StoreError(f"disk tier {self.path}: {exc}") from exc
+
+    def _entry_path(self, key: str, shard: str) -> str:
+        return f"{self._entries}/{shard}/{key}{SUFFIX}"
+
+    # Reads -------------------------------------------------------------
+    def get(self, key: str) -> Entry | None:
+        shard = _shard(key)
+        path = self._entry_path(key, shard)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            self.counters.misses += 1
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL):
+                validate_key(key)  # a malformed key is the caller's error, not the tier's
+            self._count("errors")
+            raise StoreError(f"disk tier {self.path}: {exc}") from exc
+        try:
+            st = os.fstat(fd)
+            entry = self._read(fd, st.st_size, key)
+            if not self.read_only and time.time() - st.st_mtime > TOUCH_INTERVAL:
+                os.utime(fd)  # the LRU clock; rate-limited so hits stay read-only I/O
+        except CorruptEntry:
+            self._count("corrupt")
+            self.counters.misses += 1
+            if not self.read_only:
+                self._guard(lambda: self._remove(path, key, shard, expect_ino=st.st_ino))
+            return None
+        except OSError as exc:
+            self._count("errors")
+            raise StoreError(f"disk tier {self.path}: {exc}") from exc
+        finally:
+            os.close(fd)
+        self.counters.hits += 1
+        self.counters.bytes_read += st.st_size
+        entry._materialize = self._materialize
+        return entry
+
+    @staticmethod
+    def _read(fd: int, size: int, key: str) -> Entry:
+        head = os.pread(fd, min(size, _FIRST_READ), 0)
+        need = header_size(head[:PREFIX_SIZE])
+        if need > len(head) and need <= size:
+            head = os.pread(fd, need, 0)
+        header = parse_header(memoryview(head))
+        if header.total_size != size:
+            raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
+
+        def read(offset: int, length: int) -> bytes:
+            # Artifacts inside the first read are sliced; larger ones are read
+            # straight into their own bytes object (no second copy).
+            if offset + length <= len(head):
+                return head[offset : offset + length]
+            return os.pread(fd, length, offset)
+
+        return header.build(read, key)
+
+    # Writes ------------------------------------------------------------
+    def put(self, key: str, entry: Entry) -> None:
+        validate_key(key)
+        self._check_writable()
+        shard = _shard(key)
+        path = self._entry_path(key, shard)
+        parts = entry.pack_parts(key)
+        size = sum(map(len, parts))
+        tmp = f"{self._staging}/{key[:64]}.{uuid.uuid4().hex}.tmp"
+        try:
+            self._write_file(tmp, parts)
+            try:
+                old = os.stat(path).st_size
+            except FileNotFoundError:
+                old = 0
+            # A rename within one filesystem is atomic: readers see the old entry or the new.
+            os.replace(tmp, path)
+        except OSError as exc:
+            self._count("errors")
+            # The file may not exist yet (open failed) or any more (renamed).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        self._count("puts")
+        self._count("bytes_written", size)
+        self._guard(lambda: self._account(shard, size - old, 0 if old else 1))
+
+    def _write_file(self, tmp: str, parts: list[bytes]) -> None:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            for part in parts:
+                view = memoryview(part)
+                while view:
+                    view = view[os.write(fd, view) :]
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> bool:
+        validate_key(key)
+        self._check_writable()
+        shard = _shard(key)
+        removed = self._guard(lambda: self._remove(self._entry_path(key, shard), key, shard))
+        if removed:
+            self._count("deletes")
+        return removed
+
+    def _remove(self, path: str, key: str, shard: str, expect_ino: int | None = None) -> bool:
+        """Remove an entry and its extracted files, and account for the space freed."""
+        st = self._unlink_guarded(path, expect_ino)
+        if st is None:
+            return False
+        freed = st.st_size + self._remove_extracted(key, shard)
+        self._account(shard, -freed, -1)
+        return True
+
+    def _unlink_guarded(self, path: str, expect_ino: int | None) -> os.stat_result | None:
+        """Unlink an entry file unless it is no longer the inode the caller decided on.
+
+        The file is first renamed into staging (atomic), so the inode check
+        looks at the very file that was taken. If another process re-published
+        the key after the caller decided, that new file is linked back and
+        survives; EEXIST there means an even newer entry is in place already.
+        """
+        trash = f"{self._staging}/trash.{uuid.uuid4().hex}"
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return None
+        st = os.lstat(trash)
+        if expect_ino is not None and st.st_ino != expect_ino:
+            # EEXIST: a newer entry was published meanwhile; it stays.
+            with contextlib.suppress(FileExistsError):
+                os.link(trash, path)
+            os.unlink(trash)
+            return None
+        os.unlink(trash)
+        return st
+
+    # Files for loaders -------------------------------------------------
+    def _materialize(self, entry: Entry, name: str) -> str:
+        key = entry.key or ""
+        shard = _shard(key)
+        digest = xxhash.xxh3_64()
+        for n, data in entry.items():
+            digest.update(n.encode() + b"\0" + len(data).to_bytes(8, "little"))
+            digest.update(data)
+        folder = f"{self._files}/{shard}/{key}.{digest.hexdigest()}"
+        target = os.path.join(folder, name)
+        try:
+            if os.path.getsize(target) == len(entry[name]):
+                return target
+        except FileNotFoundError:
+            pass  # not extracted yet
+        self._guard(lambda: self._extract(entry, folder, shard))
+        return target
+
+    def _extract(self, entry: Entry, folder: str, shard: str) -> None:
+        if os.path.isdir(folder):  # damaged extraction (a file missing or cut): redo it
+            self._rmtree_atomic(folder)
+        staging = f"{self._staging}/extract.{uuid.uuid4().hex}"
+        os.mkdir(staging, 0o700)
+        for name, data in entry.items():
+            self._write_file(os.path.join(staging, name), [data])
+        try:
+            os.rename(staging, folder)
+        except OSError as exc:
+            shutil.rmtree(staging)
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return  # benign race: another process extracted the same entry first
+        self._account(shard, sum(map(len, entry.values())), 0)
+
+    def _remove_extracted(self, key: str, shard: str) -> int:
+        freed = 0
+        prefix = key + "."
+        with os.scandir(f"{self._files}/{shard}") as it:
+            folders = [item.path for item in it if item.name.startswith(prefix)]
+        for folder in folders:
+            freed += self._rmtree_atomic(folder)
+        return freed
+
+    def _rmtree_atomic(self, folder: str) -> int:
+        trash = f"{self._staging}/trash.{uuid.uuid4().hex}"
+        try:
+            os.rename(folder, trash)
+        except FileNotFoundError:
+            return 0
+        size = _tree_size(trash)
+        shutil.rmtree(trash)
+        return size
+
+    # Size accounting and eviction -------------------------------------
+    def _counter_fd(self, shard: str) -> int:
+        # flock belongs to the open file description, which a forked child
+        # shares with its parent: reopen after fork or the lock excludes nothing.
+        if self._counter_pid != os.getpid():
+            self._counter_fds = {}
+            self._counter_pid = os.getpid()
+        fd = self._counter_fds.get(shard)
+        if fd is None:
+            fd = os.open(f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._counter_fds[shard] = fd
+        return fd
+
+    def _account(self, shard: str, delta_bytes: int, delta_entries: int) -> None:
+        fd = self._counter_fd(shard)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            size, count = _read_counter(fd)
+            size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
+            if self._over_cap(size, count):
+                size, count = self._clean_shard(shard)
+            os.pwrite(fd, _COUNTER.pack(size, count), 0)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _shard_caps(self) -> tuple[float | None, float | None]:
+        return (
+            None if self.max_bytes is None else self.max_bytes / SHARDS,
+            None if self.max_entries is None else self.max_entries / SHARDS,
+        )
+
+    def _over_cap(self, size: int, count: int, fraction: float = 1.0) -> bool:
+        cap_bytes, cap_entries = self._shard_caps()
+        return (cap_bytes is not None and size > cap_bytes * fraction) or (
+            cap_entries is not None and count > cap_entries * fraction
+        )
+
+    def _clean_shard(self, shard: str) -> tuple[int, int]:
+        """Recount a shard from the files and evict its least recently used entries.
+
+        Called with the shard's lock held, so one process cleans a shard at a
+        time; the recount also repairs counters left stale by crashed writers.
+        """
+        extracted: dict[str, int] = {}
+        with os.scandir(f"{self._files}/{shard}") as it:
+            for item in it:
+                key = item.name.rsplit(".", 1)[0]
+                extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
+        entries = []
+        with os.scandir(f"{self._entries}/{shard}") as it:
+            for item in it:
+                if not item.name.endswith(SUFFIX):
+                    continue  # foreign file: neither counted nor touched
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                key = item.name[: -len(SUFFIX)]
+                entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
+        live = {e[1] for e in entries}
+        for key in extracted.keys() - live:  # left by a process killed mid-removal
+            self._remove_extracted(key, shard)
+        size = sum(e[3] for e in entries)
+        count = len(entries)
+        entries.sort()
+        for _mtime, key, ino, entry_size in entries:
+            if not self._over_cap(size, count, LOW_WATER):
+                break
+            # The caller holds the shard lock and writes the recounted totals.
+            if self._unlink_guarded(self._entry_path(key, shard), ino) is not None:
+                self._remove_extracted(key, shard)
+                size -= entry_size
+                count -= 1
+                self._count("evictions")
+        return size, count
+
+    # Listing -----------------------------------------------------------
+    def keys(self) -> Iterator[str]:
+        for info in self.scan():
+            yield info.key
+
+    def scan(self) -> Iterator[EntryInfo]:
+        for i in range(SHARDS):
+            yield from self._scan_shard(f"{i:x}")
+
+    def _scan_shard(self, shard: str) -> Iterator[EntryInfo]:
+        try:
+            with os.scandir(f"{self._entries}/{shard}") as it:
+                items = list(it)
+        except FileNotFoundError:
+            return
+        for item in items:
+            key = item.name[: -len(SUFFIX)]
+            if not item.name.endswith(SUFFIX) or _is_foreign(key):
+                continue  # foreign files are neither listed nor touched
+            try:
+                st = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield EntryInfo(key, st.st_size, st.st_mtime, st.st_ctime)
+
+    def usage(self) -> tuple[int, int]:
+        """From the shard counters: cheap, exact when no writer crashed mid-put."""
+        total_bytes = total_entries = 0
+        for i in range(SHARDS):
+            try:
+                with open(f"{self._shards}/{i:x}", "rb") as f:
+                    size, count = _read_counter(f.fileno())
+            except FileNotFoundError:
+                continue
+            total_bytes += size
+            total_entries += count
+        return total_entries, total_bytes
+
+    def clear(self) -> int:
+        self._check_writable()
+        removed = 0
+        for i in range(SHARDS):
+            shard = f"{i:x}"
+            for info in list(self._scan_shard(shard)):
+                path = self._entry_path(info.key, shard)
+                if self._guard(functools.partial(self._remove, path, info.key, shard)):
+                    removed += 1
+        return removed
+
+    def close(self) -> None:
+        if self._counter_pid == os.getpid():
+            for fd in self._counter_fds.values():
+                os.close(fd)
+        self._counter_fds = {}
+        super().close()
+
+
+def _read_counter(fd: int) -> tuple[int, int]:
+    raw = os.pread(fd, _COUNTER.size, 0)
+    if len(raw) != _COUNTER.size:
+        return 0, 0  # new or damaged counter: the next cleaning recounts the shard
+    size, count = _COUNTER.unpack(raw)
+    return int(size), int(count)
+
+
+def _tree_size(folder: str) -> int:
+    total = 0
+    for dirpath, _dirs, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def _is_foreign(key: str) -> bool:
+    try:
+        validate_key(key)
+    except ValueError:
+        return True
+    return False
