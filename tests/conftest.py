@@ -19,7 +19,9 @@ def _memory(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) 
 
 
 def _disk(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
-    return DiskStore(tmp_path / "disk", max_bytes=caps.get("max_bytes"), max_entries=caps.get("max_entries"))
+    return DiskStore(
+        tmp_path / "disk", max_bytes=caps.get("max_bytes"), max_entries=caps.get("max_entries")
+    )
 
 
 #: Every tier the contract suite runs over: name -> factory(tmp_path, request, **caps).

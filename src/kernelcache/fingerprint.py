@@ -93,7 +93,7 @@ def _add_callable(builder: KeyBuilder, fn: Any, seen: set[int]) -> None:
         builder.add("named", _qualified(fn))
         return
     if id(code) in seen:  # recursion between helpers: the name is enough
-        builder.add("cycle", _qualified(fn))
+        builder.add("cycle", fn.__qualname__)
         return
     seen.add(id(code))
     builder.add("qualname", fn.__qualname__)

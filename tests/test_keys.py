@@ -1,0 +1,117 @@
+"""Table-driven key tests: inputs that must differ, inputs that must agree."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from kernelcache.keys import KeyBuilder, encode, make_key
+
+
+def key(*fields: tuple[str, Any]) -> str:
+    builder = KeyBuilder("test")
+    for label, value in fields:
+        builder.add(label, value)
+    return builder.hexdigest()
+
+
+MUST_DIFFER = [
+    pytest.param(1, "1", id="int-vs-str"),
+    pytest.param(1, True, id="int-vs-bool"),
+    pytest.param(0, False, id="zero-vs-false"),
+    pytest.param(1, 1.0, id="int-vs-float"),
+    pytest.param("1", b"1", id="str-vs-bytes"),
+    pytest.param(True, b"1", id="bool-vs-bytes"),
+    pytest.param(None, "", id="none-vs-empty-str"),
+    pytest.param(None, 0, id="none-vs-zero"),
+    pytest.param(("a", "b"), ("ab",), id="tuple-split"),
+    pytest.param(["a", "b"], ["a", "b", ""], id="trailing-empty"),
+    pytest.param([["a"], "b"], ["a", ["b"]], id="nesting"),
+    pytest.param(0.0, -0.0, id="signed-zero"),
+    pytest.param({"a": 1}, {"a": "1"}, id="dict-value-type"),
+    pytest.param({"a": 1}, [("a", 1)], id="dict-vs-pairs"),
+    pytest.param(b"", "", id="empty-bytes-vs-str"),
+    pytest.param("é", "e\u0301", id="unicode-not-normalised"),
+    pytest.param(2**64, 2**64 + 1, id="big-int"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), MUST_DIFFER)
+def test_values_that_must_differ(a: Any, b: Any) -> None:
+    assert encode(a) != encode(b)
+    assert key(("v", a)) != key(("v", b))
+
+
+MUST_AGREE = [
+    pytest.param({"a": 1, "b": 2}, {"b": 2, "a": 1}, id="dict-order"),
+    pytest.param(("x", 1), ["x", 1], id="tuple-vs-list"),
+    pytest.param(b"ab", bytearray(b"ab"), id="bytes-like"),
+    pytest.param(float("nan"), -math.nan, id="nan"),
+    pytest.param({"o": {"y": 1, "x": 2}}, {"o": {"x": 2, "y": 1}}, id="nested-dict-order"),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), MUST_AGREE)
+def test_values_that_must_agree(a: Any, b: Any) -> None:
+    assert key(("v", a)) == key(("v", b))
+
+
+def test_labels_and_field_boundaries_matter() -> None:
+    assert key(("a", "bc")) != key(("ab", "c"))
+    assert key(("a", 1), ("b", 2)) != key(("b", 2), ("a", 1))  # fields are ordered
+    assert key(("a", 1)) != key(("a", 1), ("b", None))
+
+
+def test_namespace_separates_tools() -> None:
+    assert (
+        KeyBuilder("nvrtc").add("s", "x").hexdigest()
+        != KeyBuilder("triton").add("s", "x").hexdigest()
+    )
+
+
+def test_digest_is_stable_and_builder_reusable() -> None:
+    builder = KeyBuilder("test").add("a", 1)
+    first = builder.hexdigest()
+    assert builder.hexdigest() == first
+    assert builder.digest().hex() == first
+    assert len(builder.digest()) == 32
+    extended = builder.copy().add("b", 2)
+    assert builder.hexdigest() == first
+    assert extended.hexdigest() != first
+
+
+def test_known_value_pins_the_schema() -> None:
+    # A change of encoding must bump SCHEMA_VERSION; this pins today's output.
+    assert (
+        make_key("pin", b=2, a="x")
+        == "41d86015e49616b241886f1fa7105cbcb993159e5cc7abbe5e50d91f7e702bb2"
+    )
+    assert make_key("pin", b=2, a="x") == make_key("pin", a="x", b=2)
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(Opaque(), id="object"),
+        pytest.param({1, 2}, id="set"),
+        pytest.param(object, id="class"),
+        pytest.param(lambda: 0, id="function"),
+        pytest.param(1j, id="complex"),
+    ],
+)
+def test_unkeyable_types_raise_type_error_naming_the_type(value: Any) -> None:
+    with pytest.raises(TypeError, match=type(value).__qualname__):
+        KeyBuilder("test").add("v", value)
+
+
+def test_bad_labels_and_namespaces() -> None:
+    with pytest.raises(TypeError):
+        KeyBuilder("")
+    with pytest.raises(TypeError, match="labels must be str"):
+        KeyBuilder("t").add(1, "x")  # type: ignore[arg-type]
