@@ -224,7 +224,7 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
         raw = _as_bytes(data)
         if self._grouping:
             return self._stage(filename, raw)
-        entry = Entry({filename: raw}, meta={"triton": "file", "file": filename})
+        entry = Entry({filename: raw}, meta={"triton": "file", "triton_key": self.key})
         path = _publish(self._cache, _key("file", self.key, filename), entry, [filename])
         _state.count("files_published")
         return path[filename]
@@ -247,7 +247,12 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
         # Names, not paths: relative to the grp file they resolve inside the
         # entry's folder, and no absolute path is ever stored.
         artifacts[grp_name] = json.dumps({"child_paths": {c: c for c in group}}).encode()
-        meta = {"triton": "group", "group": filename, "children": list(group)}
+        meta = {
+            "triton": "group",
+            "triton_key": self.key,
+            "group": filename,
+            "children": list(group),
+        }
         entry = Entry(artifacts, meta=meta)
         paths = _publish(self._cache, _key("group", self.key, filename), entry, artifacts)
         for child in group:
