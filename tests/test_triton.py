@@ -26,7 +26,7 @@ import triton
 
 import kernelcache.triton as kt
 import triton_kernels
-from kernelcache import Cache, DiskStore, Entry
+from kernelcache import Cache, DiskStore, Entry, MemoryStore
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -350,3 +350,30 @@ def test_dump_manager_stays_tritons_directory(
     path = kt.CacheManager("K", dump=True).put("ttir text", "k.ttir")
     assert Path(path) == tmp_path / "dump" / "K" / "k.ttir"
     assert list(private_cache.keys()) == []
+
+
+def test_memory_tier_serves_files_inside_the_disk_tier(tmp_path: Path) -> None:
+    # The memory tier would otherwise hold the object we put, whose files go
+    # to a temp directory that is never freed before exit.
+    disk = DiskStore(tmp_path / "kc2")
+    kt.set_cache(Cache([MemoryStore(), disk]))
+    writer = kt.CacheManager("K")
+    writer.get_group("k.json")
+    group = {name: writer.put(data, name) for name, data in _FILES.items()}
+    writer.put_group("k.json", group)
+    found = kt.CacheManager("K").get_group("k.json")
+    assert found == group
+    assert all(Path(p).is_relative_to(disk.path) for p in found.values())
+    assert disk.counters.hits == 1 and disk.counters.puts == 1  # later hits come from memory
+
+
+def test_without_a_writable_persistent_tier_the_process_still_hits(tmp_path: Path) -> None:
+    DiskStore(tmp_path / "ro").close()
+    memory = MemoryStore()
+    kt.set_cache(Cache([memory, DiskStore(tmp_path / "ro", read_only=True)]))
+    writer = kt.CacheManager("K")
+    writer.get_group("k.json")
+    writer.put_group("k.json", {name: writer.put(data, name) for name, data in _FILES.items()})
+    found = kt.CacheManager("K").get_group("k.json")
+    assert found is not None
+    assert {n: Path(p).read_bytes() for n, p in found.items()} == _FILES

@@ -139,10 +139,14 @@ def _publish(cache: Cache, key: str, entry: Entry, names: Iterable[str]) -> dict
     files are written from our own bytes to the temp directory.
     """
     cache.put(key, entry)
-    for tier in cache.tiers:
-        if isinstance(tier, MemoryStore) and not tier.read_only:
-            tier.delete(key)
-    published = cache.get(key) or entry
+    memory = [t for t in cache.tiers if isinstance(t, MemoryStore) and not t.read_only]
+    for tier in memory:
+        tier.delete(key)
+    published = cache.get(key)
+    if published is None:  # no persistent tier took it (read-only, disabled, failing)
+        published = entry
+        for tier in memory:
+            tier.put(key, entry)  # still a hit for this process's next compile
     try:
         return {name: published.path(name) for name in names}
     except _ENTRY_ERRORS:
@@ -267,7 +271,7 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
             self._stage_dir = tempfile.mkdtemp(dir=_staging_root())
             # A compile that raises never reaches put_group: its files go when
             # the manager does (Triton drops it when compile() returns).
-            self._cleanup = weakref.finalize(self, shutil.rmtree, self._stage_dir, True)
+            self._cleanup = weakref.finalize(self, _remove_own, self._stage_dir, os.getpid())
         path = os.path.join(self._stage_dir, filename)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         with open(tmp, "wb") as f:
@@ -287,13 +291,20 @@ _root_lock = threading.Lock()
 _root: str | None = None
 
 
+def _remove_own(path: str, owner: int) -> None:
+    # A forked child inherits the parent's staging paths and finalizers; only
+    # the process that made a directory may remove it.
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _staging_root() -> str:
     """This process's private staging directory (mode 0700), removed at exit."""
     global _root
     with _root_lock:
         if _root is None or not os.path.isdir(_root):
             _root = tempfile.mkdtemp(prefix="kernelcache-triton-")
-            atexit.register(shutil.rmtree, _root, True)
+            atexit.register(_remove_own, _root, os.getpid())
         return _root
 
 
