@@ -14,12 +14,16 @@ plus the arguments' structure: scalars by type and value, array-likes
 device but not contents, functions by fingerprint, tuples, lists, dicts and
 sets recursively, other objects by their own ``==``/``hash``.
 
-Fingerprinting costs ~100 µs (it reads source), too much per call. It is
+Fingerprinting costs 120-200 µs here (it reads source), too much per call. It is
 computed once, together with a list of cheap identity probes over everything
 it read: each function's ``__code__`` and defaults, each closure cell, each
 referenced global name, and the contents of mutable containers found there.
-A call re-runs the probes (a few µs) and re-fingerprints only when one fails,
+A call re-runs the probes (~2 µs for a function with one helper, see
+benchmarks/bench_triton.py) and re-fingerprints only when one fails,
 so rebinding a global helper, a closure variable or a default is a miss.
+Lists, dicts and sets the function reads are part of the key by content, so
+one it appends to on every call (a log) makes every call a miss: keep such
+state in an object.
 Not seen: in-place mutation of objects the fingerprint treats as opaque (it
 never read their state), and of lists/dicts nested inside tuples.
 """
