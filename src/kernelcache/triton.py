@@ -32,7 +32,6 @@ import os
 import shutil
 import tempfile
 import threading
-import uuid
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -272,11 +271,11 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
             # A compile that raises never reaches put_group: its files go when
             # the manager does (Triton drops it when compile() returns).
             self._cleanup = weakref.finalize(self, _remove_own, self._stage_dir, os.getpid())
+        # The directory is this manager's alone and nothing else reads it: no
+        # temp-and-rename needed (a put that fails midway raises to Triton).
         path = os.path.join(self._stage_dir, filename)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as f:
+        with open(path, "wb") as f:
             f.write(raw)
-        os.replace(tmp, path)
         self._staged[filename] = path
         return path
 
