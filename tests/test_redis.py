@@ -94,7 +94,7 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
         costs.append(time.perf_counter() - start)
     assert max(costs) < timeout * 3
     assert remote.breaker.state == "open"
-    assert max(costs[3:]) < 0.02  # skipped by the breaker, no connection attempt
+    assert max(costs[3:]) < 0.05  # skipped by the breaker, no connection attempt
     start = time.perf_counter()
     later = _cubin(b"later")
     cache.put("later", later)  # lands in the local tiers
@@ -140,7 +140,7 @@ def test_hung_redis_costs_at_most_the_timeout_per_call(own_redis: RedisServer, n
     finally:
         own_redis.resume()
     assert timeout * 0.8 < costs[0] < timeout * 3 and costs[1] < timeout * 3
-    assert max(costs[2:]) < 0.02 and put_cost < 0.02 and lock_cost < 0.02
+    assert max(costs[2:]) < 0.05 and put_cost < 0.05 and lock_cost < 0.05
     stats = remote.stats()
     assert stats["timeouts"] == 2 and stats["breaker_trips"] == 1
     assert cache.tiers[0].get("new") is not None

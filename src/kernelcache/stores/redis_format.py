@@ -28,7 +28,7 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -95,8 +95,7 @@ class ForgedEntry(CorruptEntry):
     """A value whose signature is missing or wrong: planted, tampered with, or damaged."""
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """A parsed, signature-checked record; ``body`` is a view into the value read."""
 
     version: int
