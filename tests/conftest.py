@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from kernelcache.stores.base import Store
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
+from redis_server import own_redis, redis_server  # noqa: F401 (fixtures for every test file)
 
 StoreFactory = Callable[..., Store]
 
@@ -24,10 +26,24 @@ def _disk(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) ->
     )
 
 
+def _redis(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
+    from kernelcache.stores.redis import RedisStore
+
+    if caps.get("max_bytes") is not None or caps.get("max_entries") is not None:
+        pytest.skip("the redis tier has no per-store size caps (Redis's maxmemory policy evicts)")
+    server = request.getfixturevalue("redis_server")  # skips when redis-server is missing
+    # One namespace per test, like one directory per test for the disk tier:
+    # two stores made by the same test share their entries.
+    return RedisStore(
+        server.url, namespace="t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
+    )
+
+
 #: Every tier the contract suite runs over: name -> factory(tmp_path, request, **caps).
 STORE_FACTORIES: dict[str, Callable[..., Store]] = {
     "memory": _memory,
     "disk": _disk,
+    "redis": _redis,
 }
 
 

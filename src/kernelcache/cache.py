@@ -14,16 +14,26 @@ from kernelcache.stores.base import Store, validate_key
 
 
 def default_tiers(settings: Settings) -> list[Store]:
-    """Memory, then local disk, as configured by :class:`Settings`."""
+    """Memory, local disk, and Redis when ``remote`` is set, as :class:`Settings` say.
+
+    The remote tier is read-only when ``readonly`` is set or its URL says ``?readonly=1``.
+    """
     from kernelcache.stores.disk import DiskStore
     from kernelcache.stores.memory import MemoryStore
 
     if settings.disable:
         return []
-    return [
+    tiers: list[Store] = [
         MemoryStore(max_bytes=settings.memory_max_size),
         DiskStore(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly),
     ]
+    if settings.remote:
+        from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
+
+        tiers.append(
+            RedisStore(settings.remote, secret=settings.secret, read_only=settings.readonly)
+        )
+    return tiers
 
 
 class Cache:

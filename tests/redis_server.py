@@ -1,0 +1,137 @@
+"""A real ``redis-server`` on a free loopback port, for the tests: start, kill, pause, restart.
+
+Never port 6379 (a developer's own Redis may live there) and never a non-loopback
+address. Nothing is persisted (``--save '' --appendonly no``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BINARY = shutil.which("redis-server")
+SKIP_REASON = (
+    "redis-server binary not found: install it (apt-get install redis-server); "
+    "scripts/test.sh installs it when missing"
+)
+
+
+def _free_port() -> int:
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port != 6379:
+            return port
+
+
+class RedisServer:
+    """One redis-server process; ``restart`` brings it back on the same port, empty."""
+
+    def __init__(self, directory: Path) -> None:
+        if BINARY is None:
+            raise RuntimeError(SKIP_REASON)
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, attempts: int = 5) -> None:
+        for _ in range(attempts):
+            if self._launch():
+                return
+            self.port = _free_port()  # lost a race for the port with another process
+        raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
+
+    def restart(self) -> None:
+        """Start again on the same port (clients keep their URL)."""
+        if not self._launch(wait=10.0):
+            raise RuntimeError(f"redis-server did not restart on port {self.port}")
+
+    def _launch(self, wait: float = 5.0) -> bool:
+        assert self.process is None or self.process.poll() is not None
+        args = [str(BINARY), "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
+        args += ["--logfile", str(self.directory / "redis.log")]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                return False
+            if self.ping():
+                return True
+            time.sleep(0.02)
+        self.kill()
+        return False
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: connections drop, the data is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers (what a timeout looks like)."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _serve(directory: Path) -> Iterator[RedisServer]:
+    if BINARY is None:
+        pytest.skip(SKIP_REASON)
+    server = RedisServer(directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One server for the session; tests isolate themselves by namespace, never kill it."""
+    yield from _serve(tmp_path_factory.mktemp("redis"))
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server of the test's own, which it may kill, pause and restart."""
+    yield from _serve(tmp_path / "redis")
+
+
+def unique_namespace() -> str:
+    return "t" + uuid.uuid4().hex[:12]
