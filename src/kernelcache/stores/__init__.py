@@ -1,7 +1,32 @@
 """Storage tiers. Each module holds one tier; all share :class:`~kernelcache.stores.base.Store`."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from kernelcache.stores.base import Counters, EntryInfo, Store, validate_key
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
-__all__ = ["Counters", "DiskStore", "EntryInfo", "MemoryStore", "Store", "validate_key"]
+if TYPE_CHECKING:
+    from kernelcache.stores.sqlite import SQLiteStore
+
+__all__ = [
+    "Counters",
+    "DiskStore",
+    "EntryInfo",
+    "MemoryStore",
+    "SQLiteStore",
+    "Store",
+    "validate_key",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: sqlite3 costs ~10 ms at start-up, which the
+    # `kernelcache nvcc` hit path should not pay when it never opens SQLite.
+    if name == "SQLiteStore":
+        from kernelcache.stores.sqlite import SQLiteStore
+
+        return SQLiteStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
