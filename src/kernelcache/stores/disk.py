@@ -135,6 +135,9 @@ class DiskStore(Store):
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
+        # Validated up front: a key like "../../x" would otherwise read, and if
+        # corrupt remove, a file outside the cache directory.
+        validate_key(key)
         shard = _shard(key)
         path = self._entry_path(key, shard)
         try:
@@ -143,8 +146,6 @@ class DiskStore(Store):
             self.counters.misses += 1
             return None
         except OSError as exc:
-            if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL):
-                validate_key(key)  # a malformed key is the caller's error, not the tier's
             self._count("errors")
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
         try:
