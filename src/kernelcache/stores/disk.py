@@ -101,6 +101,10 @@ class DiskStore(Store):
             tag = os.path.join(self.path, "CACHEDIR.TAG")
             with open(tag, "w") as f:
                 f.write("Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n")
+        # Each level explicitly: makedirs gives intermediate directories the
+        # default mode (0755), not ``mode``.
+        for folder in (self._base, self._entries, self._files):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         for top in (self._entries, self._files):
             for i in range(SHARDS):
                 os.makedirs(os.path.join(top, f"{i:x}"), mode=0o700, exist_ok=True)
