@@ -22,6 +22,7 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import shutil
 import struct
 import time
@@ -45,6 +46,7 @@ TOUCH_INTERVAL = 60.0
 LOW_WATER = 0.9
 _FIRST_READ = 8192
 _COUNTER = struct.Struct("<qq")  # bytes, entries
+_TAG_RE = re.compile(r"[0-9a-f]{16}")  # xxh3_64 hex of an extracted entry's contents
 _T = TypeVar("_T")
 
 
@@ -308,9 +310,9 @@ class DiskStore(Store):
 
     def _remove_extracted(self, key: str, shard: str) -> int:
         freed = 0
-        prefix = key + "."
+        # An exact match: a prefix test would also take key "a.b"'s files for key "a".
         with os.scandir(f"{self._files}/{shard}") as it:
-            folders = [item.path for item in it if item.name.startswith(prefix)]
+            folders = [item.path for item in it if _extracted_key(item) == key]
         for folder in folders:
             freed += self._rmtree_atomic(folder)
         return freed
@@ -371,18 +373,19 @@ class DiskStore(Store):
         extracted: dict[str, int] = {}
         with os.scandir(f"{self._files}/{shard}") as it:
             for item in it:
-                key = item.name.rsplit(".", 1)[0]
-                extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
+                key = _extracted_key(item)
+                if key is not None:  # else foreign: neither counted nor touched
+                    extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
         entries = []
         with os.scandir(f"{self._entries}/{shard}") as it:
             for item in it:
-                if not item.name.endswith(SUFFIX):
+                key = _entry_key(item, shard)
+                if key is None:
                     continue  # foreign file: neither counted nor touched
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                key = item.name[: -len(SUFFIX)]
                 entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
         live = {e[1] for e in entries}
         for key in extracted.keys() - live:  # left by a process killed mid-removal
@@ -417,8 +420,8 @@ class DiskStore(Store):
         except FileNotFoundError:
             return
         for item in items:
-            key = item.name[: -len(SUFFIX)]
-            if not item.name.endswith(SUFFIX) or _is_foreign(key):
+            key = _entry_key(item, shard)
+            if key is None:
                 continue  # foreign files are neither listed nor touched
             try:
                 st = item.stat(follow_symlinks=False)
@@ -475,6 +478,32 @@ def _tree_size(folder: str) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+def _entry_key(item: os.DirEntry[str], shard: str) -> str | None:
+    """The key of the entry file ``item`` in shard directory ``shard``, or ``None``.
+
+    Anything else there is foreign and must be neither listed, counted nor
+    removed: other names, invalid keys, a key filed under the wrong shard, and
+    directories or links named like entries (a directory made cleaning fail
+    with IsADirectoryError on every put to its shard).
+    """
+    name = item.name
+    if not name.endswith(SUFFIX):
+        return None
+    key = name[: -len(SUFFIX)]
+    if _is_foreign(key) or _shard(key) != shard or not item.is_file(follow_symlinks=False):
+        return None
+    return key
+
+
+def _extracted_key(item: os.DirEntry[str]) -> str | None:
+    """The key of extraction directory ``<key>.<tag>``, or ``None`` for a foreign item
+    (a foreign file there made cleaning fail with NotADirectoryError)."""
+    key, _, tag = item.name.rpartition(".")
+    if _TAG_RE.fullmatch(tag) is None or _is_foreign(key):
+        return None
+    return key if item.is_dir(follow_symlinks=False) else None
 
 
 def _is_foreign(key: str) -> bool:
