@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -87,6 +88,7 @@ class DiskStore(Store):
         self._staging = os.path.join(self._base, "staging")
         self._shards = os.path.join(self._base, "shards")
         self._counter_fds: dict[str, int] = {}
+        self._shard_locks: dict[str, threading.Lock] = {}
         self._counter_pid = os.getpid()
         if not read_only:
             self._guard(self._create_layout)
@@ -205,21 +207,25 @@ class DiskStore(Store):
         tmp = f"{self._staging}/{key[:64]}.{uuid.uuid4().hex}.tmp"
         try:
             self._write_file(tmp, parts)
-            try:
-                old = os.stat(path).st_size
-            except FileNotFoundError:
-                old = 0
-            # A rename within one filesystem is atomic: readers see the old entry or the new.
-            os.replace(tmp, path)
+            # Publish and account under the shard lock: the size replaced must be
+            # the one removed, or concurrent puts and deletes of a key make the
+            # counters drift (and an undercount lets the shard outgrow its cap).
+            with self._locked(shard) as fd:
+                try:
+                    old: int | None = os.stat(path).st_size
+                except FileNotFoundError:
+                    old = None
+                # A rename within one filesystem is atomic: readers see the old entry or the new.
+                os.replace(tmp, path)
+                self._count("puts")
+                self._count("bytes_written", size)
+                self._account_locked(fd, shard, size - (old or 0), 0 if old is not None else 1)
         except OSError as exc:
             self._count("errors")
             # The file may not exist yet (open failed) or any more (renamed).
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
-        self._count("puts")
-        self._count("bytes_written", size)
-        self._guard(lambda: self._account(shard, size - old, 0 if old else 1))
 
     def _write_file(self, tmp: str, parts: list[bytes]) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -244,11 +250,12 @@ class DiskStore(Store):
 
     def _remove(self, path: str, key: str, shard: str, expect_ino: int | None = None) -> bool:
         """Remove an entry and its extracted files, and account for the space freed."""
-        st = self._unlink_guarded(path, expect_ino)
-        if st is None:
-            return False
-        freed = st.st_size + self._remove_extracted(key, shard)
-        self._account(shard, -freed, -1)
+        with self._locked(shard) as fd:
+            st = self._unlink_guarded(path, expect_ino)
+            if st is None:
+                return False
+            freed = st.st_size + self._remove_extracted(key, shard)
+            self._account_locked(fd, shard, -freed, -1)
         return True
 
     def _unlink_guarded(self, path: str, expect_ino: int | None) -> os.stat_result | None:
@@ -328,29 +335,44 @@ class DiskStore(Store):
         return size
 
     # Size accounting and eviction -------------------------------------
-    def _counter_fd(self, shard: str) -> int:
-        # flock belongs to the open file description, which a forked child
-        # shares with its parent: reopen after fork or the lock excludes nothing.
+    @contextlib.contextmanager
+    def _locked(self, shard: str) -> Iterator[int]:
+        """Hold shard ``shard`` against other threads and processes; yields its counter fd.
+
+        flock belongs to the open file description, so threads sharing the
+        descriptor are not excluded by it (hence the thread lock), and a forked
+        child shares it with its parent (hence new descriptors and locks after fork).
+        """
         if self._counter_pid != os.getpid():
             self._counter_fds = {}
+            self._shard_locks = {}
             self._counter_pid = os.getpid()
-        fd = self._counter_fds.get(shard)
-        if fd is None:
-            fd = os.open(f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._counter_fds[shard] = fd
-        return fd
+        lock = self._shard_locks.get(shard)
+        if lock is None:
+            lock = self._shard_locks.setdefault(shard, threading.Lock())
+        with lock:
+            fd = self._counter_fds.get(shard)
+            if fd is None:
+                fd = os.open(
+                    f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+                self._counter_fds[shard] = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield fd
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _account(self, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        fd = self._counter_fd(shard)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            size, count = _read_counter(fd)
-            size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
-            if self._over_cap(size, count):
-                size, count = self._clean_shard(shard)
-            os.pwrite(fd, _COUNTER.pack(size, count), 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        with self._locked(shard) as fd:
+            self._account_locked(fd, shard, delta_bytes, delta_entries)
+
+    def _account_locked(self, fd: int, shard: str, delta_bytes: int, delta_entries: int) -> None:
+        size, count = _read_counter(fd)
+        size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
+        if self._over_cap(size, count):
+            size, count = self._clean_shard(shard)
+        os.pwrite(fd, _COUNTER.pack(size, count), 0)
 
     def _shard_caps(self) -> tuple[float | None, float | None]:
         return (
