@@ -300,8 +300,13 @@ class DiskStore(Store):
         return target
 
     def _extract(self, entry: Entry, folder: str, shard: str) -> None:
-        if os.path.isdir(folder):  # damaged extraction (a file missing or cut): redo it
-            self._rmtree_atomic(folder)
+        if os.path.isdir(folder):
+            if _is_complete(folder, entry):
+                # Another thread or process extracted it since the caller looked;
+                # removing it would pull the file from under a loader using it.
+                return
+            freed = self._rmtree_atomic(folder)  # damaged (a file missing or cut): redo it
+            self._account(shard, -freed, 0)
         staging = f"{self._staging}/extract.{uuid.uuid4().hex}"
         os.mkdir(staging, 0o700)
         for name, data in entry.items():
@@ -489,6 +494,13 @@ def _read_counter(fd: int) -> tuple[int, int]:
         return 0, 0  # new or damaged counter: the next cleaning recounts the shard
     size, count = _COUNTER.unpack(raw)
     return int(size), int(count)
+
+
+def _is_complete(folder: str, entry: Entry) -> bool:
+    try:
+        return all(os.path.getsize(os.path.join(folder, n)) == len(d) for n, d in entry.items())
+    except FileNotFoundError:
+        return False
 
 
 def _tree_size(folder: str) -> int:
