@@ -155,6 +155,19 @@ def test_corruption_found_mid_operation_recovers(db: Path, op: str) -> None:
         assert reopened.moved_aside == []
 
 
+def test_read_only_store_reports_corruption_without_moving_the_file(db: Path) -> None:
+    with SQLiteStore(db) as store:
+        for i in range(20):
+            store.put(f"k{i}", entry_of(f"k{i}"))
+    corrupt_pages_after_the_first(db)
+    reader = SQLiteStore(db, read_only=True)
+    with pytest.raises(StoreError, match="malformed"):
+        reader.get("k3")
+    assert reader.moved_aside == [] and reader.counters.errors == 1
+    assert not [name for name in files_next_to(db) if ".corrupt-" in name]
+    reader.close()
+
+
 def test_locked_database_is_a_store_error_not_a_reset(
     db: Path, raw: list[sqlite3.Connection]
 ) -> None:

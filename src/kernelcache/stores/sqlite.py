@@ -231,8 +231,8 @@ class SQLiteStore(Store):
                 try:
                     return op(conn)
                 except sqlite3.DatabaseError as exc:
-                    if conn is None or not _is_corruption(exc):
-                        raise
+                    if conn is None or self.read_only or not _is_corruption(exc):
+                        raise  # a read-only store never moves the file: an error, a miss
                     self._recover()
                     return op(self._conn)
             except (sqlite3.Error, OSError, _BadFile) as exc:
