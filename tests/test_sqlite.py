@@ -292,6 +292,7 @@ def test_read_only_store_never_moves_a_foreign_file(db: Path) -> None:
     with pytest.raises(StoreError, match="not a kernelcache database"):
         reader.get("k")
     assert Cache([reader]).get("k") is None
+    assert reader.counters.errors == 2
     assert files_next_to(db) == [db.name]
     reader.close()
 

@@ -140,8 +140,8 @@ class SQLiteStore(Store):
             isolation_level=None, check_same_thread=False,
         )  # fmt: skip
         try:
-            if _inspect(conn) != "ours":
-                raise StoreError(f"{self.path} is not a kernelcache database (opened read-only)")
+            if _inspect(conn) != "ours":  # read-only: reported (and counted), never moved
+                raise _BadFile(f"{self.path} is not a kernelcache database (opened read-only)")
         except BaseException:
             conn.close()
             raise
