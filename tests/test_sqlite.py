@@ -333,3 +333,24 @@ def test_closed_store_raises_store_error(db: Path) -> None:
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.get("k")
+
+
+def test_forked_child_uses_its_own_connection(db: Path) -> None:
+    """A child must not use (or close) the connection it inherited: SQLite forbids it."""
+    store = SQLiteStore(db)
+    store.put("parent", entry_of("parent"))
+    pid = os.fork()
+    if pid == 0:  # the child: any failure is its exit status
+        code = 1
+        try:
+            if store.get("parent") == entry_of("parent"):
+                store.put("child", entry_of("child"))
+                store.close()
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get("child") == entry_of("child")  # the parent's connection still works
+    store.put("after", entry_of("after"))
+    store.close()

@@ -405,6 +405,8 @@ class SQLiteStore(Store):
         with self._lock:
             if self._pid == os.getpid():
                 self._drop_connection()
+            elif self._conn is not None:  # the parent's: never closed here (see __init__)
+                self._inherited.append(self._conn)
             self._conn = None
             super().close()
 
