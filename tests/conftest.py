@@ -11,18 +11,35 @@ import pytest
 from kernelcache.stores.base import Store
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
+from kernelcache.stores.sqlite import SQLiteStore
 from redis_server import own_redis, redis_server  # noqa: F401 (fixtures for every test file)
 
 StoreFactory = Callable[..., Store]
 
 
 def _memory(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
-    return MemoryStore(max_entries=caps.get("max_entries"), max_bytes=caps.get("max_bytes"))
+    return MemoryStore(
+        max_entries=caps.get("max_entries"),
+        max_bytes=caps.get("max_bytes"),
+        read_only=bool(caps.get("read_only")),
+    )
 
 
 def _disk(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
     return DiskStore(
-        tmp_path / "disk", max_bytes=caps.get("max_bytes"), max_entries=caps.get("max_entries")
+        tmp_path / "disk",
+        max_bytes=caps.get("max_bytes"),
+        max_entries=caps.get("max_entries"),
+        read_only=bool(caps.get("read_only")),
+    )
+
+
+def _sqlite(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
+    return SQLiteStore(
+        tmp_path / "cache.sqlite",
+        max_bytes=caps.get("max_bytes"),
+        max_entries=caps.get("max_entries"),
+        read_only=bool(caps.get("read_only")),
     )
 
 
@@ -35,7 +52,9 @@ def _redis(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -
     # One namespace per test, like one directory per test for the disk tier:
     # two stores made by the same test share their entries.
     return RedisStore(
-        server.url, namespace="t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
+        server.url,
+        namespace="t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16],
+        read_only=bool(caps.get("read_only")),
     )
 
 
@@ -43,6 +62,7 @@ def _redis(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -
 STORE_FACTORIES: dict[str, Callable[..., Store]] = {
     "memory": _memory,
     "disk": _disk,
+    "sqlite": _sqlite,
     "redis": _redis,
 }
 

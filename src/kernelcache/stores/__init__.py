@@ -1,14 +1,36 @@
 """Storage tiers. Each module holds one tier; all share :class:`~kernelcache.stores.base.Store`."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from kernelcache.stores.base import Counters, EntryInfo, Store, validate_key
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
-__all__ = ["Counters", "DiskStore", "EntryInfo", "MemoryStore", "Store", "validate_key"]
+if TYPE_CHECKING:
+    from kernelcache.stores.redis import RedisStore
+    from kernelcache.stores.sqlite import SQLiteStore
+
+__all__ = [
+    "Counters",
+    "DiskStore",
+    "EntryInfo",
+    "MemoryStore",
+    "RedisStore",
+    "SQLiteStore",
+    "Store",
+    "validate_key",
+]
 
 
-def __getattr__(name: str) -> object:
-    # RedisStore on demand: importing kernelcache must not cost the Redis tier's imports.
+def __getattr__(name: str) -> Any:
+    # Imported on first use: sqlite3 costs ~10 ms at start-up and redis-py more,
+    # which the `kernelcache nvcc` hit path should not pay when it never opens them.
+    if name == "SQLiteStore":
+        from kernelcache.stores.sqlite import SQLiteStore
+
+        return SQLiteStore
     if name == "RedisStore":
         from kernelcache.stores.redis import RedisStore
 

@@ -22,8 +22,10 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import shutil
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +47,7 @@ TOUCH_INTERVAL = 60.0
 LOW_WATER = 0.9
 _FIRST_READ = 8192
 _COUNTER = struct.Struct("<qq")  # bytes, entries
+_TAG_RE = re.compile(r"[0-9a-f]{16}")  # xxh3_64 hex of an extracted entry's contents
 _T = TypeVar("_T")
 
 
@@ -85,6 +88,7 @@ class DiskStore(Store):
         self._staging = os.path.join(self._base, "staging")
         self._shards = os.path.join(self._base, "shards")
         self._counter_fds: dict[str, int] = {}
+        self._shard_locks: dict[str, threading.Lock] = {}
         self._counter_pid = os.getpid()
         if not read_only:
             self._guard(self._create_layout)
@@ -101,6 +105,10 @@ class DiskStore(Store):
             tag = os.path.join(self.path, "CACHEDIR.TAG")
             with open(tag, "w") as f:
                 f.write("Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n")
+        # Each level explicitly: makedirs gives intermediate directories the
+        # default mode (0755), not ``mode``.
+        for folder in (self._base, self._entries, self._files):
+            os.makedirs(folder, mode=0o700, exist_ok=True)
         for top in (self._entries, self._files):
             for i in range(SHARDS):
                 os.makedirs(os.path.join(top, f"{i:x}"), mode=0o700, exist_ok=True)
@@ -135,6 +143,9 @@ class DiskStore(Store):
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
+        # Validated up front: a key like "../../x" would otherwise read, and if
+        # corrupt remove, a file outside the cache directory.
+        validate_key(key)
         shard = _shard(key)
         path = self._entry_path(key, shard)
         try:
@@ -143,8 +154,6 @@ class DiskStore(Store):
             self.counters.misses += 1
             return None
         except OSError as exc:
-            if exc.errno in (errno.ENAMETOOLONG, errno.EINVAL):
-                validate_key(key)  # a malformed key is the caller's error, not the tier's
             self._count("errors")
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
         try:
@@ -198,21 +207,25 @@ class DiskStore(Store):
         tmp = f"{self._staging}/{key[:64]}.{uuid.uuid4().hex}.tmp"
         try:
             self._write_file(tmp, parts)
-            try:
-                old = os.stat(path).st_size
-            except FileNotFoundError:
-                old = 0
-            # A rename within one filesystem is atomic: readers see the old entry or the new.
-            os.replace(tmp, path)
+            # Publish and account under the shard lock: the size replaced must be
+            # the one removed, or concurrent puts and deletes of a key make the
+            # counters drift (and an undercount lets the shard outgrow its cap).
+            with self._locked(shard) as fd:
+                try:
+                    old: int | None = os.stat(path).st_size
+                except FileNotFoundError:
+                    old = None
+                # A rename within one filesystem is atomic: readers see the old entry or the new.
+                os.replace(tmp, path)
+                self._count("puts")
+                self._count("bytes_written", size)
+                self._account_locked(fd, shard, size - (old or 0), 0 if old is not None else 1)
         except OSError as exc:
             self._count("errors")
             # The file may not exist yet (open failed) or any more (renamed).
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
-        self._count("puts")
-        self._count("bytes_written", size)
-        self._guard(lambda: self._account(shard, size - old, 0 if old else 1))
 
     def _write_file(self, tmp: str, parts: list[bytes]) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -237,11 +250,12 @@ class DiskStore(Store):
 
     def _remove(self, path: str, key: str, shard: str, expect_ino: int | None = None) -> bool:
         """Remove an entry and its extracted files, and account for the space freed."""
-        st = self._unlink_guarded(path, expect_ino)
-        if st is None:
-            return False
-        freed = st.st_size + self._remove_extracted(key, shard)
-        self._account(shard, -freed, -1)
+        with self._locked(shard) as fd:
+            st = self._unlink_guarded(path, expect_ino)
+            if st is None:
+                return False
+            freed = st.st_size + self._remove_extracted(key, shard)
+            self._account_locked(fd, shard, -freed, -1)
         return True
 
     def _unlink_guarded(self, path: str, expect_ino: int | None) -> os.stat_result | None:
@@ -293,8 +307,13 @@ class DiskStore(Store):
         return target
 
     def _extract(self, entry: Entry, folder: str, shard: str) -> None:
-        if os.path.isdir(folder):  # damaged extraction (a file missing or cut): redo it
-            self._rmtree_atomic(folder)
+        if os.path.isdir(folder):
+            if _is_complete(folder, entry):
+                # Another thread or process extracted it since the caller looked;
+                # removing it would pull the file from under a loader using it.
+                return
+            freed = self._rmtree_atomic(folder)  # damaged (a file missing or cut): redo it
+            self._account(shard, -freed, 0)
         staging = f"{self._staging}/extract.{uuid.uuid4().hex}"
         os.mkdir(staging, 0o700)
         for name, data in entry.items():
@@ -310,9 +329,9 @@ class DiskStore(Store):
 
     def _remove_extracted(self, key: str, shard: str) -> int:
         freed = 0
-        prefix = key + "."
+        # An exact match: a prefix test would also take key "a.b"'s files for key "a".
         with os.scandir(f"{self._files}/{shard}") as it:
-            folders = [item.path for item in it if item.name.startswith(prefix)]
+            folders = [item.path for item in it if _extracted_key(item) == key]
         for folder in folders:
             freed += self._rmtree_atomic(folder)
         return freed
@@ -328,29 +347,44 @@ class DiskStore(Store):
         return size
 
     # Size accounting and eviction -------------------------------------
-    def _counter_fd(self, shard: str) -> int:
-        # flock belongs to the open file description, which a forked child
-        # shares with its parent: reopen after fork or the lock excludes nothing.
+    @contextlib.contextmanager
+    def _locked(self, shard: str) -> Iterator[int]:
+        """Hold shard ``shard`` against other threads and processes; yields its counter fd.
+
+        flock belongs to the open file description, so threads sharing the
+        descriptor are not excluded by it (hence the thread lock), and a forked
+        child shares it with its parent (hence new descriptors and locks after fork).
+        """
         if self._counter_pid != os.getpid():
             self._counter_fds = {}
+            self._shard_locks = {}
             self._counter_pid = os.getpid()
-        fd = self._counter_fds.get(shard)
-        if fd is None:
-            fd = os.open(f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self._counter_fds[shard] = fd
-        return fd
+        lock = self._shard_locks.get(shard)
+        if lock is None:
+            lock = self._shard_locks.setdefault(shard, threading.Lock())
+        with lock:
+            fd = self._counter_fds.get(shard)
+            if fd is None:
+                fd = os.open(
+                    f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+                self._counter_fds[shard] = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield fd
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _account(self, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        fd = self._counter_fd(shard)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            size, count = _read_counter(fd)
-            size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
-            if self._over_cap(size, count):
-                size, count = self._clean_shard(shard)
-            os.pwrite(fd, _COUNTER.pack(size, count), 0)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        with self._locked(shard) as fd:
+            self._account_locked(fd, shard, delta_bytes, delta_entries)
+
+    def _account_locked(self, fd: int, shard: str, delta_bytes: int, delta_entries: int) -> None:
+        size, count = _read_counter(fd)
+        size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
+        if self._over_cap(size, count):
+            size, count = self._clean_shard(shard)
+        os.pwrite(fd, _COUNTER.pack(size, count), 0)
 
     def _shard_caps(self) -> tuple[float | None, float | None]:
         return (
@@ -373,18 +407,19 @@ class DiskStore(Store):
         extracted: dict[str, int] = {}
         with os.scandir(f"{self._files}/{shard}") as it:
             for item in it:
-                key = item.name.rsplit(".", 1)[0]
-                extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
+                key = _extracted_key(item)
+                if key is not None:  # else foreign: neither counted nor touched
+                    extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
         entries = []
         with os.scandir(f"{self._entries}/{shard}") as it:
             for item in it:
-                if not item.name.endswith(SUFFIX):
+                key = _entry_key(item, shard)
+                if key is None:
                     continue  # foreign file: neither counted nor touched
                 try:
                     st = item.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                key = item.name[: -len(SUFFIX)]
                 entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
         live = {e[1] for e in entries}
         for key in extracted.keys() - live:  # left by a process killed mid-removal
@@ -419,8 +454,8 @@ class DiskStore(Store):
         except FileNotFoundError:
             return
         for item in items:
-            key = item.name[: -len(SUFFIX)]
-            if not item.name.endswith(SUFFIX) or _is_foreign(key):
+            key = _entry_key(item, shard)
+            if key is None:
                 continue  # foreign files are neither listed nor touched
             try:
                 st = item.stat(follow_symlinks=False)
@@ -468,6 +503,13 @@ def _read_counter(fd: int) -> tuple[int, int]:
     return int(size), int(count)
 
 
+def _is_complete(folder: str, entry: Entry) -> bool:
+    try:
+        return all(os.path.getsize(os.path.join(folder, n)) == len(d) for n, d in entry.items())
+    except FileNotFoundError:
+        return False
+
+
 def _tree_size(folder: str) -> int:
     total = 0
     for dirpath, _dirs, names in os.walk(folder):
@@ -477,6 +519,32 @@ def _tree_size(folder: str) -> int:
             except FileNotFoundError:
                 continue
     return total
+
+
+def _entry_key(item: os.DirEntry[str], shard: str) -> str | None:
+    """The key of the entry file ``item`` in shard directory ``shard``, or ``None``.
+
+    Anything else there is foreign and must be neither listed, counted nor
+    removed: other names, invalid keys, a key filed under the wrong shard, and
+    directories or links named like entries (a directory made cleaning fail
+    with IsADirectoryError on every put to its shard).
+    """
+    name = item.name
+    if not name.endswith(SUFFIX):
+        return None
+    key = name[: -len(SUFFIX)]
+    if _is_foreign(key) or _shard(key) != shard or not item.is_file(follow_symlinks=False):
+        return None
+    return key
+
+
+def _extracted_key(item: os.DirEntry[str]) -> str | None:
+    """The key of extraction directory ``<key>.<tag>``, or ``None`` for a foreign item
+    (a foreign file there made cleaning fail with NotADirectoryError)."""
+    key, _, tag = item.name.rpartition(".")
+    if _TAG_RE.fullmatch(tag) is None or _is_foreign(key):
+        return None
+    return key if item.is_dir(follow_symlinks=False) else None
 
 
 def _is_foreign(key: str) -> bool:

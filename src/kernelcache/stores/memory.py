@@ -71,6 +71,7 @@ class MemoryStore(Store):
             self.counters.evictions += 1
 
     def delete(self, key: str) -> bool:
+        validate_key(key)  # the same contract as every tier (an invalid key is a caller bug)
         self._check_writable()
         with self._lock:
             item = self._data.pop(key, None)

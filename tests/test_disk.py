@@ -1,0 +1,429 @@
+"""DiskStore behaviour that only a directory of files has (the shared contract is elsewhere)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelcache import Cache, Entry, StoreError
+from kernelcache.stores import disk
+from kernelcache.stores.disk import SHARDS, DiskStore, _shard
+
+
+def entry_of(tag: str, size: int = 2000) -> Entry:
+    return Entry({"kernel.cubin": tag.encode().ljust(size, b"#"), "log": b"ok"}, meta={"t": tag})
+
+
+def entry_file(store: DiskStore, key: str) -> Path:
+    return Path(store._entry_path(key, _shard(key)))
+
+
+def keys_in_shard(shard: str, count: int, prefix: str = "k") -> list[str]:
+    keys: list[str] = []
+    i = 0
+    while len(keys) < count:
+        if _shard(f"{prefix}{i}") == shard:
+            keys.append(f"{prefix}{i}")
+        i += 1
+    return keys
+
+
+def staging_items(store: DiskStore) -> list[str]:
+    return os.listdir(store._staging)
+
+
+def test_directory_is_private(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "new" / "cache")
+    store.put("k", entry_of("x"))
+    for path in (store.path, store._base, store._entries, f"{store._entries}/0", store._staging):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+    assert stat.S_IMODE(entry_file(store, "k").stat().st_mode) == 0o600
+
+
+def test_get_never_leaves_the_directory(tmp_path: Path) -> None:
+    """A key is a file name: "../" in one must not reach (or remove) a file outside."""
+    store = DiskStore(tmp_path / "store")
+    victim = tmp_path / "victim.kce"
+    victim.write_bytes(b"not an entry")
+    with pytest.raises(ValueError, match="invalid cache key"):
+        store.get("../../../../victim")
+    assert victim.read_bytes() == b"not an entry"
+    assert store.counters.corrupt == 0
+
+
+def plant_foreign_files(store: DiskStore) -> dict[Path, bytes]:
+    """Files a user or another tool left in the cache directory, each in a place the
+    store scans: top level, shard directories, extraction directories."""
+    own_shard_key = keys_in_shard("3", 1, prefix="dirkey")[0]
+    foreign = {
+        Path(store.path, "notes.txt"): b"top",
+        Path(store._entries, "3", "README"): b"readme",
+        Path(store._entries, "3", "bad name.kce"): b"bad key name",
+        Path(store._entries, "3", ".hidden.kce"): b"hidden",
+        Path(store._entries, "3", f"{own_shard_key}.kce", "inside"): b"a dir named like an entry",
+        Path(store._files, "3", "notes.txt"): b"file in files/",
+        Path(store._files, "3", "x.y"): b"another",
+        Path(store._files, "3", "loose"): b"no dot",
+    }
+    for path, data in foreign.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return foreign
+
+
+def test_foreign_files_are_ignored(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
+    foreign = plant_foreign_files(store)
+    keys = keys_in_shard("3", 12)
+    for key in keys:  # each put past two in shard 3 cleans it
+        store.put(key, entry_of(key))
+        got = store.get(key)
+        assert got is not None
+        got.path("kernel.cubin")  # extraction directories next to the foreign files
+    assert set(store.keys()) <= set(keys)
+    assert {info.key for info in store.scan()} == set(store.keys())
+    assert store.usage()[0] == len(list(store.keys())) <= 2
+    assert store.counters.errors == 0
+    store.clear()
+    assert list(store.keys()) == []
+    for path, data in foreign.items():
+        assert path.read_bytes() == data, path
+    reopened = DiskStore(store.path)
+    assert list(reopened.keys()) == []
+
+
+def test_extracted_files_of_dotted_keys_are_separate(tmp_path: Path) -> None:
+    """Removing key "a" must not remove the files extracted for key "a.b"."""
+    store = DiskStore(tmp_path / "c")
+    short = next(f"a{i}" for i in range(1000) if _shard(f"a{i}") == _shard(f"a{i}.b"))
+    for key in (short, f"{short}.b"):
+        store.put(key, entry_of(key))
+    got = store.get(f"{short}.b")
+    assert got is not None
+    path = got.path("kernel.cubin")
+    assert store.delete(short)
+    assert Path(path).read_bytes() == got["kernel.cubin"]
+
+
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _flip_header(data: bytes) -> bytes:
+    return data[:20] + bytes([data[20] ^ 0x01]) + data[21:]
+
+
+def _flip_data(data: bytes) -> bytes:
+    return data[:-10] + bytes([data[-10] ^ 0x80]) + data[-9:]
+
+
+def _foreign(data: bytes) -> bytes:
+    return b"\x7fELF" + os.urandom(len(data))
+
+
+def _empty(data: bytes) -> bytes:
+    return b""
+
+
+def _appended(data: bytes) -> bytes:
+    return data + b"trailing"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_truncate, id="truncated"),
+        pytest.param(_flip_header, id="bit-flip-header"),
+        pytest.param(_flip_data, id="bit-flip-data"),
+        pytest.param(_foreign, id="foreign-bytes"),
+        pytest.param(_empty, id="empty"),
+        pytest.param(_appended, id="trailing-bytes"),
+    ],
+)
+def test_corrupt_entry_is_a_counted_miss_and_removed(tmp_path: Path, damage: Any) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    store.put("other", entry_of("other"))
+    path = entry_file(store, "k")
+    path.write_bytes(damage(path.read_bytes()))
+    assert store.get("k") is None
+    assert (store.counters.corrupt, store.counters.misses, store.counters.errors) == (1, 1, 0)
+    assert not path.exists()
+    assert store.usage()[0] == 1
+    assert store.get("other") == entry_of("other")
+    store.put("k", entry_of("k"))  # the key is usable again
+    assert store.get("k") == entry_of("k")
+
+
+def test_entry_under_the_wrong_name_is_corrupt(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("a", entry_of("a"))
+    store.put("b", entry_of("b"))
+    entry_file(store, "b").write_bytes(entry_file(store, "a").read_bytes())
+    assert store.get("b") is None
+    assert store.counters.corrupt == 1
+
+
+def test_read_only_store_counts_corruption_but_removes_nothing(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    path = entry_file(store, "k")
+    path.write_bytes(_truncate(path.read_bytes()))
+    reader = DiskStore(store.path, read_only=True)
+    assert reader.get("k") is None
+    assert reader.counters.corrupt == 1
+    assert path.exists()
+
+
+def test_failed_publish_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("old"))
+    before = store.usage()
+
+    def no_space(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(StoreError, match="cannot store"):
+        store.put("k", entry_of("new"))
+    with pytest.raises(StoreError):
+        store.put("fresh", entry_of("fresh"))
+    monkeypatch.undo()
+    assert store.counters.errors == 2
+    assert staging_items(store) == []
+    assert store.get("k") == entry_of("old")
+    assert store.get("fresh") is None
+    assert store.usage() == before
+
+
+def test_failed_write_leaves_no_staging_litter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = DiskStore(tmp_path / "c")
+    real_write = os.write
+    calls = []
+
+    def write_then_fail(fd: int, data: Any) -> int:
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, bytes(data)[:100])  # a short write first
+
+    monkeypatch.setattr(os, "write", write_then_fail)
+    with pytest.raises(StoreError):
+        store.put("k", entry_of("k"))
+    monkeypatch.undo()
+    assert staging_items(store) == []
+    assert list(store.keys()) == []
+    # Through the Cache the same failure is a counted miss, not an exception.
+    monkeypatch.setattr(os, "write", write_then_fail)
+    calls.clear()
+    cache = Cache([store])
+    cache.put("k", entry_of("k"))
+    monkeypatch.undo()
+    assert cache.get("k") is None
+    assert cache.stats()["disk"]["errors"] == 2
+
+
+def test_stale_staging_is_swept_on_open_and_fresh_staging_stays(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    staging = Path(store._staging)
+    old_file = staging / "k.0123.tmp"
+    old_dir = staging / "extract.0123"
+    fresh_file = staging / "k.4567.tmp"  # a writer that is still running
+    old_file.write_bytes(b"partial")
+    old_dir.mkdir()
+    (old_dir / "kernel.cubin").write_bytes(b"partial")
+    fresh_file.write_bytes(b"partial")
+    two_hours_ago = time.time() - 2 * disk.STALE_STAGING_SECONDS
+    for path in (old_file, old_dir / "kernel.cubin", old_dir):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    DiskStore(store.path)
+    assert sorted(os.listdir(staging)) == ["k.4567.tmp"]
+    DiskStore(store.path, read_only=True)  # a read-only store sweeps nothing
+    assert fresh_file.exists()
+
+
+def test_eviction_spares_an_entry_republished_after_it_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process re-publishes the victim between the eviction's scan and its
+    unlink; the guarded unlink sees a new inode and puts that entry back."""
+    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 3)
+    victim, second, third, trigger = keys_in_shard("5", 4)
+    for age, key in enumerate((victim, second, third)):
+        store.put(key, entry_of(key))
+        then = time.time() - 100 + age  # victim is the least recently used
+        os.utime(entry_file(store, key), (then, then))
+    newer = entry_of("republished")
+    real_rename = os.rename
+    republished = []
+
+    def rename(src: Any, dst: Any) -> None:
+        if os.fspath(src) == str(entry_file(store, victim)) and not republished:
+            # What another process's put does: stage the new entry, publish it by rename.
+            staged = Path(store._staging, "other-process.tmp")
+            staged.write_bytes(newer.pack(victim))
+            os.replace(staged, src)
+            republished.append(src)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    store.put(trigger, entry_of(trigger))  # 4 > 3 in shard 5: clean down to 2.7
+    monkeypatch.undo()
+    assert republished
+    assert store.get(victim) == newer
+    assert store.counters.evictions == 2
+    assert store.get(second) is None and store.get(third) is None
+    assert staging_items(store) == []
+
+
+def test_entry_path_is_a_verified_file_inside_the_store(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k", 50_000))
+    got = store.get("k")
+    assert got is not None
+    path = got.path("kernel.cubin")
+    assert path.startswith(store.path + os.sep)
+    assert Path(path).read_bytes() == got["kernel.cubin"]
+    assert got.path("kernel.cubin") == path  # extracted once
+    again = store.get("k")
+    assert again is not None and again.path("kernel.cubin") == path
+    # The extracted bytes count toward the cap and are freed with the entry.
+    assert store.usage()[1] >= entry_file(store, "k").stat().st_size + 50_000
+    store.delete("k")
+    assert not Path(path).exists()
+    assert store.usage() == (0, 0)
+
+
+def test_concurrent_extraction_is_benign(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k", 200_000))
+    entries = [store.get("k") for _ in range(8)]
+    barrier = threading.Barrier(len(entries))
+    paths: list[str] = []
+    errors: list[BaseException] = []
+
+    def extract(entry: Entry | None) -> None:
+        assert entry is not None
+        barrier.wait()
+        try:
+            paths.append(entry.path("kernel.cubin"))
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=extract, args=(e,)) for e in entries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(set(paths)) == 1
+    assert Path(paths[0]).read_bytes() == entry_of("k", 200_000)["kernel.cubin"]
+    assert staging_items(store) == []
+    file_bytes = entry_file(store, "k").stat().st_size
+    assert store.usage() == (1, file_bytes + 200_000 + 2)  # extracted once, counted once
+
+
+def test_extraction_finished_by_another_process_meanwhile_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that found no extracted file must not remove the complete one
+    another process extracted (and may be loading) in the meantime."""
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    mine, theirs = store.get("k"), store.get("k")
+    assert mine is not None and theirs is not None
+    real_getsize = os.path.getsize
+    first: list[str] = []
+
+    loader: list[int] = []
+
+    def getsize(path: Any) -> int:
+        if not first and os.fspath(path).endswith("kernel.cubin"):
+            first.append("racing")
+            first[0] = theirs.path("kernel.cubin")  # the other process wins the race
+            loader.append(os.open(first[0], os.O_RDONLY))  # and starts loading it
+            raise FileNotFoundError(path)  # as seen just before it did
+        return real_getsize(path)
+
+    monkeypatch.setattr(os.path, "getsize", getsize)
+    try:
+        path = mine.path("kernel.cubin")
+        monkeypatch.undo()
+        assert path == first[0]
+        # The very file the other process opened is still the one at the path.
+        assert os.stat(path).st_ino == os.fstat(loader[0]).st_ino
+    finally:
+        for fd in loader:
+            os.close(fd)
+    assert store.usage()[1] == entry_file(store, "k").stat().st_size + 2000 + 2
+
+
+def test_damaged_extraction_is_redone(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    got = store.get("k")
+    assert got is not None
+    path = Path(got.path("kernel.cubin"))
+    path.write_bytes(b"cut")
+    again = store.get("k")
+    assert again is not None
+    assert Path(again.path("kernel.cubin")).read_bytes() == got["kernel.cubin"]
+
+
+@pytest.mark.parametrize(
+    "counter",
+    [
+        pytest.param(disk._COUNTER.pack(10**12, 1), id="inflated-bytes"),
+        pytest.param(disk._COUNTER.pack(1, 10**6), id="inflated-entries"),
+    ],
+)
+def test_shard_recount_repairs_inflated_counters(tmp_path: Path, counter: bytes) -> None:
+    """A counter over the cap makes the next put recount the shard from its files:
+    the counter is exact again and nothing is evicted that fits."""
+    store = DiskStore(tmp_path / "c", max_bytes=SHARDS * 1_000_000, max_entries=SHARDS * 100)
+    keys = keys_in_shard("7", 4)
+    for key in keys[:3]:
+        store.put(key, entry_of(key))
+    Path(store._shards, "7").write_bytes(counter)
+    store.put(keys[3], entry_of(keys[3]))
+    assert store.counters.evictions == 0
+    assert store.usage() == (4, sum(entry_file(store, key).stat().st_size for key in keys))
+    assert all(store.get(key) is not None for key in keys)
+
+
+def test_damaged_counter_reads_as_empty_and_the_next_cleaning_repairs_it(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
+    keys = keys_in_shard("7", 6)
+    for key in keys[:2]:
+        store.put(key, entry_of(key))
+    Path(store._shards, "7").write_bytes(b"\x01\x02\x03")  # cut short: reads as 0, 0
+    for key in keys[2:]:
+        store.put(key, entry_of(key))  # the third put past the damage cleans the shard
+    files = [key for key in keys if entry_file(store, key).exists()]
+    assert store.usage()[0] == len(files) <= 2
+    assert keys[-1] in files
+
+
+def test_missing_counter_file_is_recreated(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
+    keys = keys_in_shard("2", 3)
+    store.put(keys[0], entry_of(keys[0]))
+    store.close()
+    os.unlink(Path(store._shards, "2"))
+    reopened = DiskStore(store.path, max_entries=SHARDS * 2)
+    for key in keys[1:]:
+        reopened.put(key, entry_of(key))
+    assert reopened.usage()[0] <= 2
