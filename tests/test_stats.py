@@ -84,6 +84,16 @@ def test_disk_hits_save_seconds_and_are_promoted(cache_dir: Path) -> None:
     assert t["disk"]["seconds_saved"] + t["memory"]["seconds_saved"] == pytest.approx(3.0)
 
 
+def test_disk_first_cache_counts_hits_exactly(cache_dir: Path) -> None:
+    with Cache([DiskStore(cache_dir)], settings=Settings.load(dir=str(cache_dir))) as writer:
+        writer.put("k", Entry({"a": b"x"}, meta={"compile_seconds": 0.25}))
+    with Cache([DiskStore(cache_dir)], settings=Settings.load(dir=str(cache_dir))) as reader:
+        for _ in range(4):
+            assert reader.get("k") is not None
+        assert reader.stats()["disk"]["seconds_saved"] == pytest.approx(1.0)
+    assert read_key_hits(str(cache_dir))["k"] == (4, pytest.approx(1.0))
+
+
 def test_single_flight_recheck_does_not_count_a_second_miss(cache: Cache, cache_dir: Path) -> None:
     cache.get_or_compile("k", lambda: b"x")
     cache.close()
@@ -167,12 +177,21 @@ def test_two_processes_add_up_in_kernelcache_stats(cache_dir: Path, tmp_path: Pa
     env = {**os.environ, "PYTHONPATH": SRC}
     for key, hits in (("k1", 5), ("k2", 7)):
         opts = {"dir": str(cache_dir), "key": key, "counter": str(tmp_path / "n"), "hits": hits}
-        subprocess.run([sys.executable, WORKER, json.dumps(opts)], env=env, check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, WORKER, json.dumps(opts)],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     out = subprocess.run(
         [sys.executable, "-m", "kernelcache", "--dir", str(cache_dir), "stats", "--json"],
-        env=env, check=True, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     report = json.loads(out.stdout)
     period = report["period"]
     assert period["tiers"]["memory"]["hits"] == 12

@@ -58,6 +58,7 @@ class Cache:
         self._flights = singleflight.Flights()
         self._stats = Recorder(self.tiers, persistent_dir(self.tiers) if persist_stats else None)
         self._sample = self._stats.sample
+        self._exact_first = not self._stats.sampling
         # Flushes at close, when the Cache is collected, and at interpreter exit.
         self._finalizer = weakref.finalize(self, self._stats.flush)
 
@@ -73,16 +74,16 @@ class Cache:
             except StoreError:
                 continue  # counted by the tier; the next tier may still have it
             if entry is not None:
-                if index:
+                if index or self._exact_first:
                     self._hit(index, key, entry)
                 else:
-                    self._sample.append(entry)  # the hot path: stats cost one append
+                    self._sample.append(key)  # a memory hit: stats cost one append
                 return entry
         self._stats.tick()
         return None
 
     def _hit(self, index: int, key: str, entry: Entry) -> None:
-        """A hit below the first tier: promote it and count it."""
+        """Promote a hit to the tiers above ``index`` and count it."""
         self._write(self.tiers[:index], key, entry)
         self._stats.hit(index, key, entry)
 
@@ -93,6 +94,7 @@ class Cache:
             raise TypeError(f"Cache.put takes an Entry, not {type(entry).__name__}")
         entry.key = key
         self._write(self.tiers, key, entry)
+        self._stats.note(key, entry)
         self._stats.tick()
 
     @staticmethod

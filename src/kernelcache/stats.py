@@ -6,11 +6,15 @@ what it already flushed and merges the difference. What the tiers cannot
 know is added here: compile counts and seconds, and *seconds saved* (the
 ``compile_seconds`` recorded in the meta of every entry that was a hit).
 
-The hit path of the first tier (a memory hit, well under a microsecond) only
-appends the entry to a bounded sample; the sample is drained on the next
-slow path (a miss, a put, a flush). Seconds saved and per-key hits are exact
-while fewer than ``HIT_SAMPLE`` first-tier hits happen between two drains,
-and are scaled up from that many most recent hits beyond it (a hot loop).
+A hit in a memory tier in front (well under a microsecond) only appends its
+key to a bounded sample; the sample is drained on the next slow path (a
+miss, a put, a flush), where the keys are counted and priced with the
+``compile_seconds`` noted when each entry was put or promoted into that
+tier. Seconds saved and per-key hits are exact while fewer than
+``HIT_SAMPLE`` such hits happen between two drains, and are scaled up from
+the most recent ``HIT_SAMPLE`` beyond that (a hot loop). Entries placed into
+the memory tier behind the Cache's back count as hits that saved 0 seconds.
+Hits in every other tier are counted exactly as they happen.
 
 Flushes happen at exit, when the Cache is closed or collected, and on a slow
 path at most every ``FLUSH_INTERVAL`` seconds; a process killed with SIGKILL
@@ -31,9 +35,12 @@ from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
 from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS, merge
 from kernelcache.stores.base import Store
+from kernelcache.stores.memory import MemoryStore
 
 FLUSH_INTERVAL = 10.0
 HIT_SAMPLE = 65536
+#: The key -> compile_seconds map is trimmed to the memory tier's keys beyond this.
+PRICES_MIN = 4096
 #: The fields of ``Store.counters`` (every tier field but the one this module adds).
 _COUNTER_FIELDS = tuple(f for f in TIER_FIELDS if f != "seconds_saved")
 
@@ -71,7 +78,9 @@ class Recorder:
         self.tiers = list(tiers)
         self.names = tier_names(self.tiers)
         self.directory = directory
-        self.sample: collections.deque[Entry] = collections.deque(maxlen=HIT_SAMPLE)
+        #: Whether first-tier hits go to ``sample`` (see the module docstring).
+        self.sampling = bool(self.tiers) and isinstance(self.tiers[0], MemoryStore)
+        self.sample: collections.deque[str] = collections.deque(maxlen=HIT_SAMPLE)
         self.flush_errors = 0
         self._setup()
         _recorders.add(self)
@@ -88,6 +97,9 @@ class Recorder:
         self.saved_total = [0.0] * len(self.tiers)
         self.compile_total: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
         self.sample.clear()  # the parent flushes what it sampled before the fork
+        if not hasattr(self, "_prices"):
+            self._prices: dict[str, float] = {}  # key -> compile_seconds, for sampled hits
+            self._prices_limit = PRICES_MIN
 
     @staticmethod
     def _counters(tier: Store) -> dict[str, int]:
@@ -96,9 +108,27 @@ class Recorder:
 
     # Recording --------------------------------------------------------
     def hit(self, index: int, key: str, entry: Entry) -> None:
-        """A hit in a tier other than the first (the first one uses ``sample``)."""
+        """A hit counted as it happens (every tier but a sampled first one)."""
+        seconds = compile_seconds(entry)
         with self._lock:
-            self._saw(index, key, compile_seconds(entry), 1)
+            self._saw(index, key, seconds, 1)
+            if self.sampling:
+                self._price_locked(key, seconds)  # it was just promoted into the first tier
+
+    def note(self, key: str, entry: Entry) -> None:
+        """``entry`` was put into the tiers: remember its price for sampled hits."""
+        if self.sampling:
+            seconds = compile_seconds(entry)
+            with self._lock:
+                self._price_locked(key, seconds)
+
+    def _price_locked(self, key: str, seconds: float) -> None:
+        self._prices[key] = seconds
+        if len(self._prices) > self._prices_limit:
+            # Keep the prices of what the memory tier still holds; it evicts on its own.
+            held = set(self.tiers[0].keys())
+            self._prices = {k: v for k, v in self._prices.items() if k in held}
+            self._prices_limit = max(PRICES_MIN, 2 * len(self._prices))
 
     def _saw(self, index: int, key: str | None, seconds: float, hits: float) -> None:
         self._saved[index] += seconds * hits
@@ -128,23 +158,24 @@ class Recorder:
             self.flush()
 
     def _drain_locked(self) -> None:
-        if not self.tiers:
+        if not self.sampling:
             return
         hits_now = self.tiers[0].counters.hits
         hits = hits_now - self._sampled_hits
         self._sampled_hits = hits_now
-        taken = len(self.sample)
-        batch = [self.sample.popleft() for _ in range(taken)]
+        # Two C calls, no per-item Python: a hit appended between them by
+        # another thread is lost from the sample (not from the hit counters).
+        batch = list(self.sample)
+        self.sample.clear()
         if not batch:
             return
         # Beyond HIT_SAMPLE hits since the last drain, the sample (the most
         # recent hits) stands for all of them.
-        scale = hits / taken if taken == HIT_SAMPLE and hits > taken else 1.0
-        ids = list(map(id, batch))
-        by_id = dict(zip(ids, batch, strict=True))
-        for ident, n in collections.Counter(ids).items():
-            entry = by_id[ident]
-            self._saw(0, entry.key, compile_seconds(entry), n * scale)
+        taken = len(batch)
+        scale = hits / taken if taken >= HIT_SAMPLE and hits > taken else 1.0
+        prices = self._prices
+        for key, n in collections.Counter(batch).items():
+            self._saw(0, key, prices.get(key, 0.0), n * scale)
 
     # Reporting and flushing ----------------------------------------------
     def local(self) -> tuple[list[float], dict[str, float]]:
