@@ -48,6 +48,15 @@ class Flight:
         self.done = threading.Event()
         self.entry: Entry | None = None  # None when done: the leader failed
 
+    def publish(self, entry: Entry) -> None:
+        """Hand the compiled entry to the waiters now, before it is stored.
+
+        Threads of this process need not wait for the disk write; callers
+        arriving until the flight lands get the entry from it too.
+        """
+        self.entry = entry
+        self.done.set()
+
     def extend(self) -> None:
         """The leader started compiling: give waiters a full timeout for the compile itself."""
         self.deadline = time.monotonic() + self.timeout
@@ -80,12 +89,13 @@ class Flights:
             return flight, True
 
     def land(self, key: str, flight: Flight, entry: Entry | None) -> None:
-        """End the leader's flight and wake its waiters."""
+        """End the leader's flight and wake its waiters if :meth:`Flight.publish` did not."""
         with self._lock:
             if self._flights.get(key) is flight:
                 del self._flights[key]
-        flight.entry = entry
-        flight.done.set()
+        if not flight.done.is_set():
+            flight.entry = entry
+            flight.done.set()
 
 
 def get_or_compile(cache: Cache, key: str, fn: CompileFn, timeout: float) -> Entry:
@@ -126,7 +136,7 @@ def _lead(cache: Cache, key: str, fn: CompileFn, flight: Flight) -> Entry:
             if entry is not None:
                 return entry
         flight.extend()
-        return compile_and_put(cache, key, fn)
+        return compile_and_put(cache, key, fn, flight.publish)
     finally:
         for lock in reversed(held):
             try:
@@ -166,8 +176,10 @@ def _recheck(cache: Cache, key: str, locked: int) -> Entry | None:
     return None
 
 
-def compile_and_put(cache: Cache, key: str, fn: CompileFn) -> Entry:
-    """Run ``fn``, record its duration in the entry's meta, store the entry."""
+def compile_and_put(
+    cache: Cache, key: str, fn: CompileFn, publish: Callable[[Entry], None] | None = None
+) -> Entry:
+    """Run ``fn``, record its duration in the entry's meta, ``publish`` it, store it."""
     start = time.perf_counter()
     try:
         result = fn()
@@ -176,6 +188,9 @@ def compile_and_put(cache: Cache, key: str, fn: CompileFn) -> Entry:
         raise
     elapsed = time.perf_counter() - start
     entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
+    entry.key = key
+    if publish is not None:
+        publish(entry)
     cache._stats.compiled(elapsed)
     cache.put(key, entry)
     return entry
