@@ -125,3 +125,29 @@ def test_disk_store_lock_per_key_and_none_when_read_only(tmp_path: Path) -> None
     assert DiskStore(tmp_path, read_only=True).flight_lock("a") is None
     with pytest.raises(ValueError):
         store.flight_lock("../x")
+
+
+def test_forked_child_does_not_keep_a_released_lock(tmp_path: Path) -> None:
+    # A child forked while the lock is held and awaited inherits both
+    # descriptors; unless it closes them, the flock outlives the parent's
+    # release and the waiter hangs until the child exits.
+    path = str(tmp_path / "k.lock")
+    holder, waiter = FileFlightLock(path), FileFlightLock(path)
+    assert holder.acquire(0)
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(5.0)))
+    thread.start()
+    time.sleep(0.1)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(10)
+        os._exit(0)
+    try:
+        start = time.monotonic()
+        holder.release()
+        thread.join(10)
+        assert got == [True] and time.monotonic() - start < 2.0
+        waiter.release()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

@@ -240,3 +240,34 @@ def test_failed_compile_in_one_process_is_retried_by_another(tmp_path: Path) -> 
     assert ok["compiled"] and ok["asked"] < failed_at < ok["returned"]
     assert len(counter.read_text().splitlines()) == 2
     assert make_cache(tmp_path / "c").get("k") is not None
+
+
+def test_forked_child_does_not_wait_for_the_parents_threads(cache: Cache) -> None:
+    gate = threading.Event()
+
+    def slow() -> bytes:
+        gate.wait(10)
+        return b"parent"
+
+    leader = threading.Thread(target=lambda: cache.get_or_compile("k", slow, timeout=3.0))
+    leader.start()
+    time.sleep(0.1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the parent's flight must not hold it up
+        code = 1
+        try:
+            start = time.monotonic()
+            entry = cache.get_or_compile("k", lambda: b"child", timeout=3.0)
+            os.write(write, json.dumps([entry["data"].decode(), time.monotonic() - start]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    time.sleep(0.2)
+    gate.set()  # the parent's compile ends; the child was waiting on its disk lock
+    leader.join(10)
+    data, elapsed = json.loads(os.read(read, 1000))
+    os.close(read)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert data == "parent" and elapsed < 2.0

@@ -17,8 +17,10 @@ are never cached. (PyTorch #108971: eight ranks compiling the same kernel.)
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
@@ -76,6 +78,12 @@ class Flights:
     """The in-process table of keys being compiled."""
 
     def __init__(self) -> None:
+        self._reset()
+        _tables.add(self)
+
+    def _reset(self) -> None:
+        # A forked child has none of the parent's leader threads: waiting on
+        # their flights would only run out the timeout. It starts empty.
         self._lock = threading.Lock()
         self._flights: dict[str, Flight] = {}
 
@@ -96,6 +104,10 @@ class Flights:
         if not flight.done.is_set():
             flight.entry = entry
             flight.done.set()
+
+
+_tables: weakref.WeakSet[Flights] = weakref.WeakSet()
+os.register_at_fork(after_in_child=lambda: [table._reset() for table in list(_tables)])
 
 
 def get_or_compile(cache: Cache, key: str, fn: CompileFn, timeout: float) -> Entry:

@@ -27,6 +27,8 @@ from typing import Any
 
 import xxhash
 
+from kernelcache.stores.lockfile import close_lock_fd, open_lock_fd
+
 VERSION = 1
 KEY_SHARDS = 256
 TIER_FIELDS = (
@@ -150,12 +152,12 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o700)
-    fd = os.open(os.path.join(folder, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = open_lock_fd(os.path.join(folder, "lock"))  # closed in forked children
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield folder
     finally:
-        os.close(fd)
+        close_lock_fd(fd)
 
 
 def _write_json(cache_dir: str, path: str, doc: object) -> None:

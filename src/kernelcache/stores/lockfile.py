@@ -33,6 +33,44 @@ from kernelcache.errors import StoreError
 #: swept by :func:`sweep_locks` once older than this.
 STALE_LOCK_SECONDS = 3600.0
 
+# Every lock file descriptor this process has open. A forked child inherits
+# them, and an flock lives until the *last* descriptor of its open file is
+# closed: a child (a DataLoader worker forked mid-compile) would keep the
+# parent's lock held after the parent released it, and the waiters would hang
+# until the child exits. So the child closes its copies right after fork
+# (closes, never LOCK_UN, which would release the parent's lock too).
+_open_fds: set[int] = set()
+# Held across each open/close and around fork() itself, so a child never
+# inherits a descriptor that is open but not yet (or no longer) registered.
+_fds_lock = threading.Lock()
+
+
+def open_lock_fd(path: str) -> int:
+    """Open (creating) a lock file; the descriptor is closed in forked children."""
+    with _fds_lock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        _open_fds.add(fd)
+    return fd
+
+
+def close_lock_fd(fd: int) -> None:
+    with _fds_lock:
+        _open_fds.discard(fd)
+        os.close(fd)
+
+
+def _close_inherited() -> None:
+    for fd in _open_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+    _fds_lock.release()
+
+
+os.register_at_fork(
+    before=_fds_lock.acquire, after_in_parent=_fds_lock.release, after_in_child=_close_inherited
+)
+
 
 class FileFlightLock:
     """An exclusive, crash-safe lock named by a path (see the module docstring).
@@ -63,7 +101,7 @@ class FileFlightLock:
                 if self._names(fd):
                     self._fd = fd
                     return True
-                os.close(fd)  # we locked an unlinked file: the holder released it; retry
+                close_lock_fd(fd)  # we locked an unlinked file: the holder released it; retry
         except OSError as exc:
             if self._on_error is not None:
                 self._on_error()
@@ -78,15 +116,14 @@ class FileFlightLock:
             with contextlib.suppress(FileNotFoundError):  # swept by sweep_locks
                 os.unlink(self.path)
         finally:
-            os.close(fd)
+            close_lock_fd(fd)
 
     def _open(self) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
         try:
-            return os.open(self.path, flags, 0o600)
+            return open_lock_fd(self.path)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-            return os.open(self.path, flags, 0o600)
+            return open_lock_fd(self.path)
 
     def _names(self, fd: int) -> bool:
         """Whether the path still names the file ``fd`` has open."""
@@ -105,11 +142,11 @@ class FileFlightLock:
         except BlockingIOError:
             pass  # held by another process: wait for it below
         except OSError:
-            os.close(fd)
+            close_lock_fd(fd)
             raise
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            os.close(fd)
+            close_lock_fd(fd)
             return False
         return _BlockingWait(fd).wait(remaining)
 
@@ -132,7 +169,7 @@ class _BlockingWait:
                 self.abandoned = True  # the thread closes fd once flock returns
                 return False
         if self.error is not None:
-            os.close(self.fd)
+            close_lock_fd(self.fd)
             raise self.error
         return True
 
@@ -143,7 +180,7 @@ class _BlockingWait:
             self.error = exc
         with self._mutex:
             if self.abandoned:
-                os.close(self.fd)  # releases the lock we got too late
+                close_lock_fd(self.fd)  # releases the lock we got too late
             else:
                 self.done.set()
 
