@@ -107,7 +107,14 @@ class Flights:
 
 
 _tables: weakref.WeakSet[Flights] = weakref.WeakSet()
-os.register_at_fork(after_in_child=lambda: [table._reset() for table in list(_tables)])
+
+
+def _after_fork_in_child() -> None:
+    for table in list(_tables):
+        table._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_or_compile(cache: Cache, key: str, fn: CompileFn, timeout: float) -> Entry:
