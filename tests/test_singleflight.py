@@ -271,3 +271,20 @@ def test_forked_child_does_not_wait_for_the_parents_threads(cache: Cache) -> Non
     os.close(read)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert data == "parent" and elapsed < 2.0
+
+
+@pytest.mark.slow
+def test_waiter_compiles_itself_when_a_live_holder_is_stuck(tmp_path: Path) -> None:
+    counter, started = tmp_path / "count", tmp_path / "started"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter)}
+    holder = spawn({**opts, "mode": "hang", "started": str(started)})
+    try:
+        while not started.exists():
+            time.sleep(0.01)
+        waiter = result(spawn({**opts, "timeout": 0.5}))
+        assert waiter["compiled"]
+        assert 0.5 <= waiter["returned"] - waiter["asked"] < 5.0
+        assert len(counter.read_text().splitlines()) == 2
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)

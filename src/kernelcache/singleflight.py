@@ -146,8 +146,13 @@ def _lead(cache: Cache, key: str, fn: CompileFn, flight: Flight) -> Entry:
         for index, tier in enumerate(cache.tiers):
             lock = _take(tier, key, flight.lock_deadline - time.monotonic())
             if lock is False:
+                # A holder elsewhere is stuck beyond the timeout: liveness first, compile
+                # anyway, unless it published just now.
                 cache._stats.count("lock_timeouts")
-                break  # a holder elsewhere is stuck or dead beyond the timeout: compile anyway
+                entry = _recheck(cache, key, index)
+                if entry is not None:
+                    return entry
+                break
             if lock is None:
                 continue
             held.append(lock)
