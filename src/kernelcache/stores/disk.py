@@ -6,6 +6,7 @@ Layout under ``path``::
     v1/files/<s>/<key>.<tag>/     artifacts extracted for Entry.path(), one dir per entry version
     v1/shards/<s>                 bytes and entry count of shard s, updated under flock
     v1/staging/                   files being written and entries being removed
+    v1/locks/<s>/<key>.lock       single-flight compile locks (flock), removed on release
 
 Concurrency contract: readers see either no entry or a complete one (staging
 file, then one ``os.replace``), whatever happens to writers, including
@@ -35,7 +36,8 @@ import xxhash
 
 from kernelcache.entry import PREFIX_SIZE, Entry, header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, Store, validate_key
+from kernelcache.stores.base import EntryInfo, FlightLock, Store, validate_key
+from kernelcache.stores.lockfile import FileFlightLock
 
 SHARDS = 16
 SUFFIX = ".kce"
@@ -87,6 +89,7 @@ class DiskStore(Store):
         self._files = os.path.join(self._base, "files")
         self._staging = os.path.join(self._base, "staging")
         self._shards = os.path.join(self._base, "shards")
+        self.locks_dir = os.path.join(self._base, "locks")
         self._counter_fds: dict[str, int] = {}
         self._shard_locks: dict[str, threading.Lock] = {}
         self._counter_pid = os.getpid()
@@ -140,6 +143,15 @@ class DiskStore(Store):
 
     def _entry_path(self, key: str, shard: str) -> str:
         return f"{self._entries}/{shard}/{key}{SUFFIX}"
+
+    def flight_lock(self, key: str) -> FlightLock | None:
+        """An ``flock`` file per key: spans this machine's processes, freed if the holder dies."""
+        if self.read_only:
+            return None  # this process cannot publish here, so it cannot end anyone's wait
+        validate_key(key)
+        return FileFlightLock(
+            f"{self.locks_dir}/{_shard(key)}/{key}.lock", on_error=lambda: self._count("errors")
+        )
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
@@ -461,7 +473,36 @@ class DiskStore(Store):
                 st = item.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            yield EntryInfo(key, st.st_size, st.st_mtime, st.st_ctime)
+            yield EntryInfo(
+                key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino, "path": item.path}
+            )
+
+    def info(self, key: str) -> EntryInfo | None:
+        """Size and times of one entry from its file's metadata, or ``None``."""
+        validate_key(key)
+        path = self._entry_path(key, _shard(key))
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return EntryInfo(
+            key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino, "path": path}
+        )
+
+    def remove_if_unchanged(self, info: EntryInfo) -> bool:
+        """Remove the entry ``info`` (from :meth:`scan` or :meth:`info`) describes.
+
+        Stat-guarded like eviction: if the key was re-published since ``info``
+        was taken, the newer entry survives and ``False`` is returned.
+        """
+        self._check_writable()
+        shard = _shard(info.key)
+        path = self._entry_path(info.key, shard)
+        ino = info.extra.get("ino")
+        removed = self._guard(lambda: self._remove(path, info.key, shard, expect_ino=ino))
+        if removed:
+            self._count("deletes")
+        return removed
 
     def usage(self) -> tuple[int, int]:
         """From the shard counters: cheap, exact when no writer crashed mid-put."""

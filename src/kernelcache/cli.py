@@ -1,0 +1,394 @@
+"""The ``kernelcache`` command: a thin layer over the public API.
+
+Imports stay inside the commands so that ``kernelcache nvcc`` (a compiler
+launcher on every build's critical path) pays for none of them. Bad
+arguments print a clear message and exit with status 2, as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelcache.settings import Settings
+
+#: Subcommands implemented by other modules, handed their arguments untouched.
+DELEGATED = ("demo", "nvcc")
+
+
+def _size(text: str) -> int:
+    from kernelcache.errors import ConfigError
+    from kernelcache.units import parse_size
+
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _age(text: str) -> float:
+    from kernelcache.errors import ConfigError
+    from kernelcache.units import parse_age
+
+    try:
+        return parse_age(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use a whole number >= 0")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a --dir after the command must not be reset by the command's default.
+    common.add_argument(
+        "--dir", default=argparse.SUPPRESS, help="cache directory (overrides KERNELCACHE_DIR)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="kernelcache",
+        description="Inspect and maintain a kernelcache directory.",
+        epilog="Sizes take units K, M, G, T (5G); ages take s, m, h, d, w (30d).",
+    )
+    parser.add_argument("--dir", help="cache directory (overrides KERNELCACHE_DIR)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, parents=[common])
+
+    p = command("stats", "hits, misses, errors, size and time saved, per tier")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--zero", action="store_true", help="start a new period (lifetime totals stay)")
+    p = command("ls", "list entries")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--sort",
+        choices=("size", "age", "hits"),
+        default="age",
+        help="largest first: biggest, least recently used, most hit (default: age)",
+    )
+    p = command("show", "one entry: metadata, artifacts, sizes, checksums")
+    p.add_argument("key")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("verify", "check every entry's checksums")
+    p.add_argument("--fix", action="store_true", help="remove entries that fail")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("prune", "remove least recently used entries down to limits")
+    p.add_argument("--max-size", type=_size, metavar="SIZE", help="keep at most SIZE (e.g. 5G)")
+    p.add_argument("--max-entries", type=_count, metavar="N", help="keep at most N entries")
+    p.add_argument("--older-than", type=_age, metavar="AGE", help="remove entries unused for AGE")
+    p = command("clear", "remove every entry")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = command("export", "write entries to one bundle file")
+    p.add_argument("file")
+    p.add_argument("--since", type=_age, metavar="AGE", help="only entries used within AGE")
+    p = command("import", "add every entry of a bundle file (all or nothing)")
+    p.add_argument("file")
+    p = command("config", "effective settings and where each came from")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("demo", help="run the demonstration (arguments are passed on)")
+    sub.add_parser("nvcc", help="compile through the cache: kernelcache nvcc ARGS...")
+    return parser
+
+
+def _split_delegated(argv: list[str]) -> tuple[str | None, list[str], str | None]:
+    """``(command, its args, --dir)`` for ``demo``/``nvcc``, whose args argparse must not see."""
+    index, directory = 0, None
+    while index < len(argv):
+        arg = argv[index]
+        if arg == "--dir" and index + 1 < len(argv):
+            directory, index = argv[index + 1], index + 2
+        elif arg.startswith("--dir="):
+            directory, index = arg[len("--dir=") :], index + 1
+        else:
+            break
+    if index < len(argv) and argv[index] in DELEGATED:
+        return argv[index], argv[index + 1 :], directory
+    return None, argv, None
+
+
+def _delegate(command: str, rest: list[str], directory: str | None) -> int:
+    if directory is not None:
+        os.environ["KERNELCACHE_DIR"] = directory
+    if command == "nvcc":
+        from kernelcache.nvcc import main as nvcc_main
+
+        return int(nvcc_main(["nvcc", *rest]))
+    from kernelcache.demo import main as demo_main
+
+    return int(demo_main(rest))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    delegated, rest, directory = _split_delegated(argv)
+    if delegated is not None:
+        return _delegate(delegated, rest, directory)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: 2 for bad arguments, 0 for --help
+        return exc.code if isinstance(exc.code, int) else 2
+    from kernelcache.errors import ConfigError, KernelCacheError
+
+    try:
+        from kernelcache.settings import Settings
+
+        settings = Settings.load(dir=args.dir)
+        return int(COMMANDS[args.command](args, settings))
+    except ConfigError as exc:
+        print(f"kernelcache: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # `kernelcache ls | head`: the reader left. Point stdout at /dev/null so
+        # the interpreter's final flush does not complain, and exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (KernelCacheError, OSError) as exc:
+        print(f"kernelcache: error: {exc}", file=sys.stderr)
+        return 1
+
+
+# Commands --------------------------------------------------------------
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelcache import stats_file
+    from kernelcache.cli_output import print_json
+    from kernelcache.stores.disk import DiskStore
+
+    if args.zero and stats_file.zero_period(settings.dir) and not args.json:
+        print("Started a new statistics period (lifetime totals kept).")
+    totals = stats_file.read_totals(settings.dir)
+    if totals.get("damaged"):
+        print(
+            "kernelcache: warning: the statistics file is damaged; showing zeros", file=sys.stderr
+        )
+    entries, size = DiskStore(settings.dir, read_only=True).usage()
+    report: dict[str, Any] = {
+        "dir": settings.dir,
+        "entries": entries,
+        "bytes": size,
+        "max_bytes": settings.max_size,
+    }
+    for name in ("period", "lifetime"):
+        report[name] = _complete(totals[name])
+    if args.json:
+        print_json(report)
+    else:
+        print(_stats_text(report))
+    return 0
+
+
+def _complete(section: dict[str, Any]) -> dict[str, Any]:
+    """A stats section with every counter present and hit rates computed."""
+    from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS
+
+    tiers = {}
+    for name, counts in section["tiers"].items():
+        full = {field: counts.get(field, 0) for field in TIER_FIELDS}
+        lookups = full["hits"] + full["misses"]
+        full["hit_rate"] = full["hits"] / lookups if lookups else None
+        tiers[name] = full
+    compiles = {field: section["compile"].get(field, 0) for field in COMPILE_FIELDS}
+    return {"since": section["since"], "tiers": tiers, "compile": compiles}
+
+
+def _stats_text(report: dict[str, Any]) -> str:
+    from kernelcache.cli_output import format_seconds, format_time, table
+    from kernelcache.units import format_size
+
+    cap = report["max_bytes"]
+    used = format_size(report["bytes"])
+    if cap:
+        used += f" of {format_size(cap)} ({100 * report['bytes'] / cap:.1f}%)"
+    lines = [f"directory  {report['dir']}", f"entries    {report['entries']}", f"size       {used}"]
+    headers = [
+        "TIER",
+        "HITS",
+        "MISSES",
+        "RATE",
+        "ERRORS",
+        "PUTS",
+        "EVICTED",
+        "READ",
+        "WRITTEN",
+        "SAVED",
+    ]
+    for title in ("period", "lifetime"):
+        section = report[title]
+        rows = []
+        for name, c in section["tiers"].items():
+            rate = "-" if c["hit_rate"] is None else f"{100 * c['hit_rate']:.1f}%"
+            rows.append(
+                (
+                    name,
+                    c["hits"],
+                    c["misses"],
+                    rate,
+                    c["errors"] + c["corrupt"],
+                    c["puts"],
+                    c["evictions"],
+                    format_size(c["bytes_read"]),
+                    format_size(c["bytes_written"]),
+                    format_seconds(c["seconds_saved"]),
+                )
+            )
+        comp = section["compile"]
+        lines += ["", f"{title} since {format_time(section['since'])}"]
+        lines.append(table(headers, rows, right=range(1, 10)) if rows else "  (no activity)")
+        lines.append(
+            f"compiles {comp['compiles']} ({format_seconds(comp['compile_seconds'])}), "
+            f"failed {comp['compile_errors']}, waited for another's compile "
+            f"{comp['flight_waits']}, lock timeouts {comp['lock_timeouts']}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from kernelcache.cli_output import format_age, format_seconds, print_json, table
+    from kernelcache.stats_file import read_key_hits
+    from kernelcache.stores.disk import DiskStore
+    from kernelcache.units import format_size
+
+    hits = read_key_hits(settings.dir)
+    rows: list[dict[str, Any]] = []
+    for info in DiskStore(settings.dir, read_only=True).scan():
+        count, saved = hits.get(info.key, (0, 0.0))
+        rows.append(
+            {
+                "key": info.key,
+                "size": info.size,
+                "last_access": info.last_access,
+                "created": info.created,
+                "hits": count,
+                "seconds_saved": saved,
+            }
+        )
+    order = {"size": "size", "hits": "hits", "age": "last_access"}[args.sort]
+    rows.sort(key=lambda r: (r[order], r["key"]), reverse=args.sort != "age")
+    if args.json:
+        print_json(rows)
+        return 0
+    now = time.time()
+    print(
+        table(
+            ("KEY", "SIZE", "LAST USED", "HITS", "SAVED"),
+            [
+                (
+                    r["key"],
+                    format_size(r["size"]),
+                    format_age(now - r["last_access"]) + " ago",
+                    r["hits"],
+                    format_seconds(r["seconds_saved"]),
+                )
+                for r in rows
+            ],
+            right=(1, 2, 3, 4),
+        )
+    )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    import xxhash
+
+    from kernelcache.cli_output import format_time, print_json, table
+    from kernelcache.errors import ConfigError
+    from kernelcache.stats_file import read_key_hits
+    from kernelcache.stores.disk import DiskStore
+
+    store = DiskStore(settings.dir, read_only=True)
+    try:
+        info = store.info(args.key)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    entry = store.get(args.key) if info is not None else None
+    if info is None or entry is None:
+        state = "is damaged (run `kernelcache verify --fix`)" if info else "is not in the cache"
+        print(f"kernelcache: entry {args.key} {state}", file=sys.stderr)
+        return 1
+    hits, saved = read_key_hits(settings.dir).get(args.key, (0, 0.0))
+    artifacts = [
+        {"name": name, "size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
+        for name, data in entry.items()
+    ]
+    report = {
+        "key": args.key,
+        "size": info.size,
+        "last_access": info.last_access,
+        "created": info.created,
+        "hits": hits,
+        "seconds_saved": saved,
+        "meta": entry.meta,
+        "artifacts": artifacts,
+    }
+    if args.json:
+        print_json(report)
+        return 0
+    fields = [
+        ("key", args.key),
+        ("file size", info.size),
+        ("last used", format_time(info.last_access)),
+        ("created", format_time(info.created)),
+        ("hits", f"{hits} (saved {saved:.2f} s)"),
+    ]
+    print(table(("FIELD", "VALUE"), fields))
+    print("\nmeta")
+    print(table(("NAME", "VALUE"), sorted((k, repr(v)) for k, v in entry.meta.items())))
+    print("\nartifacts")
+    print(
+        table(
+            ("NAME", "SIZE", "XXH3-128"),
+            [(a["name"], a["size"], a["xxh3_128"]) for a in artifacts],
+            right=(1,),
+        )
+    )
+    return 0
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelcache.cli_output import print_json, table
+
+    if args.json:
+        print_json(
+            [
+                {
+                    "name": name,
+                    "value": None if name == "secret" else getattr(settings, name),
+                    "set": getattr(settings, name) is not None,
+                    "source": source,
+                }
+                for name, _shown, source in settings.describe()
+            ]
+        )
+    else:
+        print(table(("SETTING", "VALUE", "SOURCE"), settings.describe()))
+    return 0
+
+
+def _maintenance(name: str) -> Any:
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        from kernelcache import cli_maint
+
+        return int(getattr(cli_maint, name)(args, settings))
+
+    return run
+
+
+COMMANDS = {
+    "stats": cmd_stats,
+    "ls": cmd_ls,
+    "show": cmd_show,
+    "config": cmd_config,
+    "verify": _maintenance("cmd_verify"),
+    "prune": _maintenance("cmd_prune"),
+    "clear": _maintenance("cmd_clear"),
+    "export": _maintenance("cmd_export"),
+    "import": _maintenance("cmd_import"),
+}

@@ -1,0 +1,235 @@
+"""Per-process statistics of a Cache, merged into the cache directory in batches.
+
+Hits, misses, puts, evictions, errors and bytes are the tiers' own counters
+(``Store.counters``), which they keep anyway; the recorder only remembers
+what it already flushed and merges the difference. What the tiers cannot
+know is added here: compile counts and seconds, and *seconds saved* (the
+``compile_seconds`` recorded in the meta of every entry that was a hit).
+
+A hit in a memory tier in front (well under a microsecond) only appends its
+key to a bounded sample; the sample is drained on the next slow path (a
+miss, a put, a flush), where the keys are counted and priced with the
+``compile_seconds`` noted when each entry was put or promoted into that
+tier. Seconds saved and per-key hits are exact while fewer than
+``HIT_SAMPLE`` such hits happen between two drains, and are scaled up from
+the most recent ``HIT_SAMPLE`` beyond that (a hot loop). Entries placed into
+the memory tier behind the Cache's back count as hits that saved 0 seconds.
+Hits in every other tier are counted exactly as they happen.
+
+Flushes happen at exit, when the Cache is closed or collected, and on a slow
+path at most every ``FLUSH_INTERVAL`` seconds; a process killed with SIGKILL
+loses only what it counted since its last flush.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+
+from kernelcache.entry import Entry
+from kernelcache.errors import CorruptEntry
+from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS, merge
+from kernelcache.stores.base import Store
+from kernelcache.stores.memory import MemoryStore
+
+FLUSH_INTERVAL = 10.0
+HIT_SAMPLE = 65536
+#: The key -> compile_seconds map is trimmed to the memory tier's keys beyond this.
+PRICES_MIN = 4096
+#: The fields of ``Store.counters`` (every tier field but the one this module adds).
+_COUNTER_FIELDS = tuple(f for f in TIER_FIELDS if f != "seconds_saved")
+
+
+def tier_names(tiers: Sequence[Store]) -> list[str]:
+    """Stable names for tiers: their kind, numbered when a kind repeats (disk, disk2)."""
+    names: list[str] = []
+    for tier in tiers:
+        name, suffix = tier.kind, 2
+        while name in names:
+            name, suffix = f"{tier.kind}{suffix}", suffix + 1
+        names.append(name)
+    return names
+
+
+def compile_seconds(entry: Entry) -> float:
+    """The compile time recorded in an entry's meta; 0 when absent or malformed."""
+    try:
+        value = entry.meta.get("compile_seconds")
+    except CorruptEntry:
+        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return max(0.0, float(value))
+    return 0.0
+
+
+class Recorder:
+    """Counts one Cache's activity and merges it into ``directory`` (if any).
+
+    Thread-safe. ``sample`` is appended to by ``Cache.get`` without a lock
+    (``deque.append`` is atomic); everything else happens under ``_lock``.
+    """
+
+    def __init__(self, tiers: Sequence[Store], directory: str | None) -> None:
+        self.tiers = list(tiers)
+        self.names = tier_names(self.tiers)
+        self.directory = directory
+        #: Whether first-tier hits go to ``sample`` (see the module docstring).
+        self.sampling = bool(self.tiers) and isinstance(self.tiers[0], MemoryStore)
+        self.sample: collections.deque[str] = collections.deque(maxlen=HIT_SAMPLE)
+        self.flush_errors = 0
+        self._setup()
+        _recorders.add(self)
+
+    def _setup(self) -> None:
+        """(Re)start counting from the tiers' current counters (also after fork)."""
+        self._lock = threading.Lock()
+        self._flushed = [self._counters(tier) for tier in self.tiers]
+        self._sampled_hits = self.tiers[0].counters.hits if self.tiers else 0
+        self._saved = [0.0] * len(self.tiers)
+        self._compile: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
+        self._keys: dict[str, list[float]] = {}
+        self._last_flush = time.monotonic()
+        self.saved_total = [0.0] * len(self.tiers)
+        self.compile_total: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
+        self.sample.clear()  # the parent flushes what it sampled before the fork
+        if not hasattr(self, "_prices"):
+            self._prices: dict[str, float] = {}  # key -> compile_seconds, for sampled hits
+            self._prices_limit = PRICES_MIN
+
+    @staticmethod
+    def _counters(tier: Store) -> dict[str, int]:
+        c = tier.counters
+        return {name: getattr(c, name) for name in _COUNTER_FIELDS}
+
+    # Recording --------------------------------------------------------
+    def hit(self, index: int, key: str, entry: Entry) -> None:
+        """A hit counted as it happens (every tier but a sampled first one)."""
+        seconds = compile_seconds(entry)
+        with self._lock:
+            self._saw(index, key, seconds, 1)
+            if self.sampling:
+                self._price_locked(key, seconds)  # it was just promoted into the first tier
+
+    def note(self, key: str, entry: Entry) -> None:
+        """``entry`` was put into the tiers: remember its price for sampled hits."""
+        if self.sampling:
+            seconds = compile_seconds(entry)
+            with self._lock:
+                self._price_locked(key, seconds)
+
+    def _price_locked(self, key: str, seconds: float) -> None:
+        self._prices[key] = seconds
+        if len(self._prices) > self._prices_limit:
+            # Keep the prices of what the memory tier still holds; it evicts on its own.
+            held = set(self.tiers[0].keys())
+            self._prices = {k: v for k, v in self._prices.items() if k in held}
+            self._prices_limit = max(PRICES_MIN, 2 * len(self._prices))
+
+    def _saw(self, index: int, key: str | None, seconds: float, hits: float) -> None:
+        self._saved[index] += seconds * hits
+        self.saved_total[index] += seconds * hits
+        if key is not None:
+            slot = self._keys.setdefault(key, [0, 0.0])
+            slot[0] += hits
+            slot[1] += seconds * hits
+
+    def count(self, name: str, amount: float = 1) -> None:
+        with self._lock:
+            self._compile[name] += amount
+            self.compile_total[name] += amount
+
+    def compiled(self, seconds: float) -> None:
+        with self._lock:
+            for name, amount in (("compiles", 1), ("compile_seconds", seconds)):
+                self._compile[name] += amount
+                self.compile_total[name] += amount
+
+    def tick(self) -> None:
+        """On a slow path: account for sampled hits, flush if one is due."""
+        if self.sample:
+            with self._lock:
+                self._drain_locked()
+        if time.monotonic() - self._last_flush >= FLUSH_INTERVAL:
+            self.flush()
+
+    def _drain_locked(self) -> None:
+        if not self.sampling:
+            return
+        hits_now = self.tiers[0].counters.hits
+        hits = hits_now - self._sampled_hits
+        self._sampled_hits = hits_now
+        # Two C calls, no per-item Python: a hit appended between them by
+        # another thread is lost from the sample (not from the hit counters).
+        batch = list(self.sample)
+        self.sample.clear()
+        if not batch:
+            return
+        # Beyond HIT_SAMPLE hits since the last drain, the sample (the most
+        # recent hits) stands for all of them.
+        taken = len(batch)
+        scale = hits / taken if taken >= HIT_SAMPLE and hits > taken else 1.0
+        prices = self._prices
+        for key, n in collections.Counter(batch).items():
+            self._saw(0, key, prices.get(key, 0.0), n * scale)
+
+    # Reporting and flushing ----------------------------------------------
+    def local(self) -> tuple[list[float], dict[str, float]]:
+        """This process's seconds saved per tier and compile counters so far."""
+        with self._lock:
+            self._drain_locked()
+            return list(self.saved_total), dict(self.compile_total)
+
+    def flush(self) -> None:
+        """Merge what was counted since the last flush into the directory's totals."""
+        with self._lock:
+            self._drain_locked()
+            tiers: dict[str, dict[str, float]] = {}
+            for index, tier in enumerate(self.tiers):
+                now = self._counters(tier)
+                delta: dict[str, float] = {
+                    k: now[k] - self._flushed[index][k] for k in _COUNTER_FIELDS
+                }
+                delta["seconds_saved"] = self._saved[index]
+                self._flushed[index], self._saved[index] = now, 0.0
+                if any(delta.values()):
+                    tiers[self.names[index]] = delta
+            compile_counts = {k: v for k, v in self._compile.items() if v}
+            keys = {k: (round(v[0]), v[1]) for k, v in self._keys.items()}
+            self._compile = dict.fromkeys(COMPILE_FIELDS, 0)
+            self._keys = {}
+            self._last_flush = time.monotonic()
+        if self.directory is None or not (tiers or compile_counts or keys):
+            return
+        try:
+            merge(self.directory, tiers, compile_counts, keys)
+        except OSError:
+            # Statistics never fail the user's work: a read-only or removed
+            # directory loses this batch, and the loss is counted.
+            self.flush_errors += 1
+
+
+_recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # The child inherits the parent's unflushed counts; the parent flushes them.
+    for recorder in list(_recorders):
+        recorder._setup()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def persistent_dir(tiers: Sequence[Store]) -> str | None:
+    """Where a Cache over ``tiers`` keeps its statistics: its first disk tier's directory."""
+    from kernelcache.stores.disk import DiskStore
+
+    for tier in tiers:
+        if isinstance(tier, DiskStore):
+            return tier.path
+    return None

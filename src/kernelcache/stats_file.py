@@ -1,0 +1,250 @@
+"""Statistics shared by every process that uses a cache directory.
+
+Layout under ``<dir>/v1/stats/``::
+
+    totals.json      {"version": 1, "lifetime": SECTION, "period": SECTION}
+    keys/<xx>.json   {key: [hits, seconds_saved]}, 256 shards, for ``ls --sort hits``
+    lock             flock held while a process merges its counts in
+
+SECTION is ``{"since": epoch, "tiers": {name: {counter: n}}, "compile": {counter: n}}``.
+Processes merge batches of deltas (at exit and every few seconds), never one
+write per hit. Readers need no lock: files are replaced atomically. A damaged
+totals file is moved aside to ``totals.json.corrupt`` and counting starts over;
+nothing in the cache itself depends on these files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import xxhash
+
+from kernelcache.stores.lockfile import close_lock_fd, open_lock_fd
+
+VERSION = 1
+KEY_SHARDS = 256
+TIER_FIELDS = (
+    "hits",
+    "misses",
+    "puts",
+    "deletes",
+    "evictions",
+    "errors",
+    "corrupt",
+    "bytes_read",
+    "bytes_written",
+    "seconds_saved",
+)
+COMPILE_FIELDS = ("compiles", "compile_seconds", "compile_errors", "flight_waits", "lock_timeouts")
+
+Section = dict[str, Any]
+KeyDeltas = Mapping[str, tuple[int, float]]
+
+
+def stats_dir(cache_dir: str) -> str:
+    return os.path.join(cache_dir, "v1", "stats")
+
+
+def new_section(since: float | None = None) -> Section:
+    return {"since": time.time() if since is None else since, "tiers": {}, "compile": {}}
+
+
+def _new_totals() -> dict[str, Any]:
+    now = time.time()
+    return {"version": VERSION, "lifetime": new_section(now), "period": new_section(now)}
+
+
+def _is_counts(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        for k, v in value.items()
+    )
+
+
+def _is_section(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("since"), (int, float))
+        and isinstance(value.get("tiers"), dict)
+        and all(_is_counts(v) for v in value["tiers"].values())
+        and _is_counts(value.get("compile"))
+    )
+
+
+def _load_json(path: str) -> object:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def read_totals(cache_dir: str) -> dict[str, Any]:
+    """The totals of ``cache_dir`` (zeros if none); ``"damaged": True`` if unreadable."""
+    try:
+        doc = _load_json(os.path.join(stats_dir(cache_dir), "totals.json"))
+    except FileNotFoundError:
+        return _new_totals()
+    except ValueError:
+        return {**_new_totals(), "damaged": True}
+    if (
+        isinstance(doc, dict)
+        and doc.get("version") == VERSION
+        and _is_section(doc.get("lifetime"))
+        and _is_section(doc.get("period"))
+    ):
+        return doc
+    return {**_new_totals(), "damaged": True}
+
+
+def read_key_hits(cache_dir: str) -> dict[str, tuple[int, float]]:
+    """``key -> (hits, seconds_saved)`` over all shards; damaged shards are skipped."""
+    out: dict[str, tuple[int, float]] = {}
+    folder = os.path.join(stats_dir(cache_dir), "keys")
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.endswith(".json"):
+            out.update(_read_shard(os.path.join(folder, name)))
+    return out
+
+
+def _read_shard(path: str) -> dict[str, tuple[int, float]]:
+    try:
+        doc = _load_json(path)
+    except (FileNotFoundError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    out = {}
+    for key, value in doc.items():
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and _is_counts({"h": value[0], "s": value[1]})
+        ):
+            out[key] = (int(value[0]), float(value[1]))
+    return out
+
+
+def _key_shard(key: str) -> str:
+    return "%02x" % (xxhash.xxh32_intdigest(key.encode()) % KEY_SHARDS)
+
+
+@contextlib.contextmanager
+def _locked(cache_dir: str, create: bool) -> Iterator[str]:
+    """Hold the stats lock; yields the stats folder.
+
+    Only ``v1/stats`` is created, never the cache directory itself: a process
+    flushing at exit must not resurrect a directory the user just removed.
+    """
+    folder = stats_dir(cache_dir)
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+    fd = open_lock_fd(os.path.join(folder, "lock"))  # closed in forked children
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        close_lock_fd(fd)
+
+
+def _write_json(cache_dir: str, path: str, doc: object) -> None:
+    # Staging is on the same filesystem and swept of files crashed writers leave.
+    tmp = os.path.join(cache_dir, "v1", "staging", f"stats.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8", opener=_private) as f:
+        json.dump(doc, f, separators=(",", ":"))
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_CLOEXEC, 0o600)
+
+
+def _add(counts: dict[str, Any], deltas: Mapping[str, float]) -> None:
+    for name, value in deltas.items():
+        if value:
+            counts[name] = counts.get(name, 0) + value
+
+
+def merge(
+    cache_dir: str,
+    tiers: Mapping[str, Mapping[str, float]],
+    compile_counts: Mapping[str, float],
+    keys: KeyDeltas,
+) -> None:
+    """Add one process's deltas to the shared totals (raises ``OSError`` on I/O failure)."""
+    with _locked(cache_dir, create=True) as folder:
+        path = os.path.join(folder, "totals.json")
+        totals = read_totals(cache_dir)
+        if totals.pop("damaged", False):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path + ".corrupt")
+        for section in (totals["lifetime"], totals["period"]):
+            for name, deltas in tiers.items():
+                _add(section["tiers"].setdefault(name, {}), deltas)
+            _add(section["compile"], compile_counts)
+        _write_json(cache_dir, path, totals)
+        if keys:
+            _merge_keys(cache_dir, folder, keys)
+
+
+def _merge_keys(cache_dir: str, folder: str, keys: KeyDeltas) -> None:
+    shards: dict[str, list[tuple[str, tuple[int, float]]]] = {}
+    for key, delta in keys.items():
+        shards.setdefault(_key_shard(key), []).append((key, delta))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(os.path.join(folder, "keys"), 0o700)
+    for shard, items in shards.items():
+        path = os.path.join(folder, "keys", f"{shard}.json")
+        doc = _read_shard(path)
+        for key, (hits, saved) in items:
+            old_hits, old_saved = doc.get(key, (0, 0.0))
+            doc[key] = (old_hits + hits, old_saved + saved)
+        _write_json(cache_dir, path, {k: list(v) for k, v in doc.items()})
+
+
+def zero_period(cache_dir: str) -> bool:
+    """Start a new period; lifetime totals stay. ``False`` if the cache has no directory."""
+    if not os.path.isdir(os.path.join(cache_dir, "v1")):
+        return False
+    with _locked(cache_dir, create=True) as folder:
+        totals = read_totals(cache_dir)
+        totals.pop("damaged", None)
+        totals["period"] = new_section()
+        _write_json(cache_dir, os.path.join(folder, "totals.json"), totals)
+    return True
+
+
+def forget_keys(cache_dir: str, keep: set[str] | None = None) -> None:
+    """Drop per-key hit counts of keys not in ``keep`` (all of them when ``None``)."""
+    folder = stats_dir(cache_dir)
+    if not os.path.isdir(os.path.join(folder, "keys")):
+        return
+    with _locked(cache_dir, create=False):
+        for name in os.listdir(os.path.join(folder, "keys")):
+            path = os.path.join(folder, "keys", name)
+            if keep is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            doc = _read_shard(path)
+            kept = {k: list(v) for k, v in doc.items() if k in keep}
+            if len(kept) != len(doc):
+                _write_json(cache_dir, path, kept)

@@ -1,0 +1,208 @@
+"""Per-key lock files for single-flight compiles across the processes of one machine.
+
+A :class:`FileFlightLock` is an ``flock`` on ``<dir>/<key>.lock``. The kernel
+drops an ``flock`` when its holder dies, so a SIGKILLed compile never leaves
+the key locked: the next waiter gets the lock at once.
+
+The holder unlinks the file before it unlocks, so lock files do not pile up.
+That opens the classic unlink race: a waiter blocked on the old inode wakes
+up holding a lock on a file nobody else can see any more, while a newcomer
+creates and locks a fresh file under the same name. So after every acquire
+the waiter checks that the path still names the inode it locked and starts
+over if not; with that check, only one process at a time holds the lock that
+the path names.
+
+Waiting is a blocking ``flock`` in a helper thread, not polling: the kernel
+wakes the waiter the moment the holder releases (tens of microseconds), and a
+waiter costs no CPU during a long compile. A waiter that gives up leaves the
+thread blocked; when it finally gets the lock it closes the file, releasing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from kernelcache.errors import StoreError
+
+#: Lock files whose name is not current but were left by a killed holder are
+#: swept by :func:`sweep_locks` once older than this.
+STALE_LOCK_SECONDS = 3600.0
+
+# Every lock file descriptor this process has open. A forked child inherits
+# them, and an flock lives until the *last* descriptor of its open file is
+# closed: a child (a DataLoader worker forked mid-compile) would keep the
+# parent's lock held after the parent released it, and the waiters would hang
+# until the child exits. So the child closes its copies right after fork
+# (closes, never LOCK_UN, which would release the parent's lock too).
+_open_fds: set[int] = set()
+# Held across each open/close and around fork() itself, so a child never
+# inherits a descriptor that is open but not yet (or no longer) registered.
+_fds_lock = threading.Lock()
+
+
+def open_lock_fd(path: str) -> int:
+    """Open (creating) a lock file; the descriptor is closed in forked children."""
+    with _fds_lock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        _open_fds.add(fd)
+    return fd
+
+
+def close_lock_fd(fd: int) -> None:
+    with _fds_lock:
+        _open_fds.discard(fd)
+        os.close(fd)
+
+
+def _close_inherited() -> None:
+    for fd in _open_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+    _fds_lock.release()
+
+
+os.register_at_fork(
+    before=_fds_lock.acquire, after_in_parent=_fds_lock.release, after_in_child=_close_inherited
+)
+
+
+class FileFlightLock:
+    """An exclusive, crash-safe lock named by a path (see the module docstring).
+
+    Not reentrant and not shared between threads: each single-flight leader
+    makes its own. ``on_error`` is called once for each OS error before it is
+    raised as :class:`StoreError`, so the owning tier can count it.
+    """
+
+    def __init__(self, path: str, on_error: Callable[[], None] | None = None) -> None:
+        self.path = path
+        self._on_error = on_error
+        self._fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"FileFlightLock({self.path!r}, held={self._fd is not None})"
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock, waiting at most ``timeout`` seconds; ``False`` if that ran out."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self!r} is already held")
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            while True:
+                fd = self._open()
+                if not self._lock(fd, deadline):
+                    return False  # _lock closed fd (or left it to the helper thread)
+                if self._names(fd):
+                    self._fd = fd
+                    return True
+                close_lock_fd(fd)  # we locked an unlinked file: the holder released it; retry
+        except OSError as exc:
+            if self._on_error is not None:
+                self._on_error()
+            raise StoreError(f"lock {self.path}: {exc}") from exc
+
+    def release(self) -> None:
+        """Unlink the lock file, then unlock it (in that order: see the module docstring)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise RuntimeError(f"{self!r} is not held")
+        try:
+            with contextlib.suppress(FileNotFoundError):  # swept by sweep_locks
+                os.unlink(self.path)
+        finally:
+            close_lock_fd(fd)
+
+    def _open(self) -> int:
+        try:
+            return open_lock_fd(self.path)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            return open_lock_fd(self.path)
+
+    def _names(self, fd: int) -> bool:
+        """Whether the path still names the file ``fd`` has open."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    @staticmethod
+    def _lock(fd: int, deadline: float) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass  # held by another process: wait for it below
+        except OSError:
+            close_lock_fd(fd)
+            raise
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            close_lock_fd(fd)
+            return False
+        return _BlockingWait(fd).wait(remaining)
+
+
+class _BlockingWait:
+    """A blocking ``flock`` in a daemon thread, abandoned cleanly on timeout."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.done = threading.Event()
+        self.abandoned = False
+        self.error: OSError | None = None
+        self._mutex = threading.Lock()
+
+    def wait(self, timeout: float) -> bool:
+        threading.Thread(target=self._run, name="kernelcache-flock", daemon=True).start()
+        self.done.wait(timeout)
+        with self._mutex:
+            if not self.done.is_set():
+                self.abandoned = True  # the thread closes fd once flock returns
+                return False
+        if self.error is not None:
+            close_lock_fd(self.fd)
+            raise self.error
+        return True
+
+    def _run(self) -> None:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            self.error = exc
+        with self._mutex:
+            if self.abandoned:
+                close_lock_fd(self.fd)  # releases the lock we got too late
+            else:
+                self.done.set()
+
+
+def sweep_locks(root: str, older_than: float = STALE_LOCK_SECONDS) -> int:
+    """Remove lock files under ``root`` left by killed holders; returns how many.
+
+    A file is removed only while this process holds its lock (so no live
+    holder loses it) and after it has aged ``older_than`` seconds.
+    """
+    removed = 0
+    cutoff = time.time() - older_than
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            if not name.endswith(".lock"):
+                continue
+            path = os.path.join(dirpath, name)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_mtime >= cutoff:
+                    continue
+                lock = FileFlightLock(path)
+                if lock.acquire(0.0):
+                    lock.release()  # release() unlinks it
+                    removed += 1
+    return removed

@@ -1,0 +1,81 @@
+"""A process asking a real cache directory for one key through get_or_compile.
+
+Run by tests/test_singleflight.py and tests/test_stats.py as
+``python sf_worker.py JSON`` with a JSON object of options:
+
+    dir, key         the cache directory and key
+    counter          file the compile function appends one line to per run
+    go               wait for this file to exist before asking (a start barrier)
+    mode             "ok" | "fail" (raise after sleeping) | "hang" (mark started, sleep)
+    sleep            seconds the compile takes
+    timeout          get_or_compile timeout
+    started          file created when the compile function starts
+    gate             the compile function waits for this file before going on
+    hits             extra cache.get calls after the entry is there (for stats tests)
+
+Prints "ready" once imported, then one JSON line: the entry's digest, whether
+this process compiled, and CLOCK_MONOTONIC times (comparable across processes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import xxhash
+
+from kernelcache import Cache, DiskStore, MemoryStore, Settings
+
+
+def main() -> int:
+    opts = json.loads(sys.argv[1])
+    cache = Cache([MemoryStore(), DiskStore(opts["dir"])], settings=Settings.load(dir=opts["dir"]))
+    compiled = {"start": None, "end": None}
+
+    def compile_fn() -> bytes:
+        compiled["start"] = time.monotonic()
+        fd = os.open(opts["counter"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        if opts.get("started"):
+            open(opts["started"], "w").close()
+        while opts.get("gate") and not os.path.exists(opts["gate"]):
+            time.sleep(0.001)
+        time.sleep(opts.get("sleep", 0.0))
+        if opts.get("mode") == "fail":
+            raise RuntimeError("compile failed on purpose")
+        if opts.get("mode") == "hang":
+            time.sleep(3600)
+        compiled["end"] = time.monotonic()
+        return os.urandom(4096)  # a different result per compile exposes double compiles
+
+    print("ready", flush=True)
+    if opts.get("go"):
+        while not os.path.exists(opts["go"]):
+            time.sleep(0.001)
+    asked = time.monotonic()
+    try:
+        entry = cache.get_or_compile(opts["key"], compile_fn, timeout=opts.get("timeout", 30.0))
+    except RuntimeError as exc:
+        print(json.dumps({"error": str(exc), "asked": asked}), flush=True)
+        return 0
+    returned = time.monotonic()
+    for _ in range(opts.get("hits", 0)):
+        cache.get(opts["key"])
+    result = {
+        "digest": xxhash.xxh3_128_hexdigest(entry["data"]),
+        "compiled": compiled["start"] is not None,
+        "compile_end": compiled["end"],
+        "asked": asked,
+        "returned": returned,
+        "pid": os.getpid(),
+    }
+    cache.close()
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The kernelcache command, run as a real subprocess on a real cache directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+
+from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
+from kernelcache.cli import _split_delegated
+from kernelcache.cli_output import format_age, table
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def kc(cache_dir: Path | None, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``python -m kernelcache [--dir cache_dir] ARGS``."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    full_env.update(PYTHONPATH=SRC, **(env or {}))
+    prefix = ["--dir", str(cache_dir)] if cache_dir is not None else []
+    return subprocess.run(
+        [sys.executable, "-m", "kernelcache", *prefix, *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def kc_json(cache_dir: Path, *args: str) -> Any:
+    proc = kc(cache_dir, *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def entry_files(cache_dir: Path) -> dict[str, bytes]:
+    root = cache_dir / "v1" / "entries"
+    return {p.name: p.read_bytes() for p in root.rglob("*.kce")}
+
+
+KEYS = [f"{i:02d}" + "ab" * 31 for i in range(5)]
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "cache"
+    with Cache([MemoryStore(), DiskStore(path)], settings=Settings.load(dir=str(path))) as cache:
+        for i, key in enumerate(KEYS):
+            cache.get_or_compile(
+                key,
+                lambda i=i: Entry(  # type: ignore[misc]
+                    {"kernel.cubin": bytes([i]) * (1000 * (i + 1)), "kernel.ptx": b"ptx"},
+                    meta={"name": f"kernel{i}"},
+                ),
+            )
+        for _ in range(3):
+            cache.get(KEYS[1])
+    # Distinct last-use times: KEYS[0] least recently used.
+    for i, key in enumerate(KEYS):
+        info = DiskStore(path, read_only=True).info(key)
+        assert info is not None
+        os.utime(info.extra["path"], (1_000_000 + i * 1000,) * 2)
+    return path
+
+
+def test_ls_json_and_sorting(cache_dir: Path) -> None:
+    rows = kc_json(cache_dir, "ls")
+    assert [r["key"] for r in rows] == KEYS  # by age: least recently used first
+    by_size = kc_json(cache_dir, "ls", "--sort", "size")
+    assert [r["key"] for r in by_size] == KEYS[::-1]
+    assert by_size[0]["size"] == os.path.getsize(
+        DiskStore(cache_dir, read_only=True).info(KEYS[4]).extra["path"]  # type: ignore[union-attr]
+    )
+    by_hits = kc_json(cache_dir, "ls", "--sort", "hits")
+    assert by_hits[0]["key"] == KEYS[1] and by_hits[0]["hits"] == 3
+    human = kc(cache_dir, "ls")
+    assert human.returncode == 0 and human.stdout.splitlines()[0].split()[:2] == ["KEY", "SIZE"]
+    assert len(human.stdout.splitlines()) == 6
+
+
+def test_show_json_has_meta_sizes_and_checksums(cache_dir: Path) -> None:
+    report = kc_json(cache_dir, "show", KEYS[2])
+    assert report["meta"]["name"] == "kernel2" and "compile_seconds" in report["meta"]
+    artifacts = {a["name"]: a for a in report["artifacts"]}
+    cubin = bytes([2]) * 3000
+    assert artifacts["kernel.cubin"]["size"] == 3000
+    assert artifacts["kernel.cubin"]["xxh3_128"] == xxhash.xxh3_128_hexdigest(cubin)
+    human = kc(cache_dir, "show", KEYS[2])
+    assert human.returncode == 0 and "kernel.cubin" in human.stdout and "kernel2" in human.stdout
+    missing = kc(cache_dir, "show", "ff" * 32)
+    assert missing.returncode == 1 and "not in the cache" in missing.stderr
+    bad = kc(cache_dir, "show", "../etc")
+    assert bad.returncode == 2 and "invalid cache key" in bad.stderr
+
+
+def test_stats_json_and_human(cache_dir: Path) -> None:
+    report = kc_json(cache_dir, "stats")
+    memory = report["lifetime"]["tiers"]["memory"]
+    assert memory["hits"] == 3 and memory["misses"] == 5
+    assert report["lifetime"]["compile"]["compiles"] == 5
+    assert report["entries"] == 5 and report["bytes"] > 15000
+    human = kc(cache_dir, "stats")
+    assert human.returncode == 0 and "HIT" not in human.stderr
+    assert "memory" in human.stdout and "compiles 5" in human.stdout
+    zeroed = kc_json(cache_dir, "stats", "--zero")
+    assert zeroed["period"]["tiers"] == {} and zeroed["lifetime"]["tiers"]["memory"]["hits"] == 3
+
+
+def test_stats_of_an_empty_directory(tmp_path: Path) -> None:
+    report = kc_json(tmp_path / "none", "stats")
+    assert report["entries"] == 0 and report["period"]["tiers"] == {}
+    assert not (tmp_path / "none").exists()  # looking creates nothing
+
+
+def test_verify_reports_and_fixes_damage(cache_dir: Path) -> None:
+    assert kc(cache_dir, "verify").returncode == 0
+    info = DiskStore(cache_dir, read_only=True).info(KEYS[3])
+    assert info is not None
+    path = Path(info.extra["path"])
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    proc = kc(cache_dir, "verify", "--json")
+    assert proc.returncode == 1  # damage found and left in place
+    report = json.loads(proc.stdout)
+    assert report["checked"] == 5 and [b["key"] for b in report["bad"]] == [KEYS[3]]
+    assert "checksum" in report["bad"][0]["error"]
+    assert path.exists()  # without --fix nothing is removed
+    fixed = kc(cache_dir, "verify", "--fix")
+    assert fixed.returncode == 0 and "removed" in fixed.stdout
+    assert not path.exists() and len(entry_files(cache_dir)) == 4
+
+
+def test_prune_by_entries_size_and_age(cache_dir: Path) -> None:
+    assert kc(cache_dir, "prune", "--max-entries", "4").returncode == 0
+    assert [r["key"] for r in kc_json(cache_dir, "ls")] == KEYS[1:]  # the LRU one went
+    sizes = {r["key"]: r["size"] for r in kc_json(cache_dir, "ls")}
+    limit = sizes[KEYS[3]] + sizes[KEYS[4]]
+    assert kc(cache_dir, "prune", "--max-size", str(limit)).returncode == 0
+    assert [r["key"] for r in kc_json(cache_dir, "ls")] == KEYS[3:]
+    info = DiskStore(cache_dir, read_only=True).info(KEYS[4])
+    assert info is not None
+    os.utime(info.extra["path"])  # used just now
+    assert kc(cache_dir, "prune", "--older-than", "30d").returncode == 0
+    assert [r["key"] for r in kc_json(cache_dir, "ls")] == [KEYS[4]]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        pytest.param(["prune", "--max-size", "5X"], "invalid size", id="bad-size"),
+        pytest.param(["prune", "--older-than", "soon"], "invalid age", id="bad-age"),
+        pytest.param(["prune", "--max-entries", "-1"], "invalid count", id="bad-count"),
+        pytest.param(["prune"], "needs at least one", id="no-limit"),
+        pytest.param(["ls", "--sort", "name"], "invalid choice", id="bad-sort"),
+        pytest.param(["frobnicate"], "invalid choice", id="bad-command"),
+        pytest.param([], "required", id="no-command"),
+        pytest.param(["clear"], "without --yes", id="clear-unconfirmed"),
+    ],
+)
+def test_bad_arguments_exit_2(cache_dir: Path, args: list[str], message: str) -> None:
+    proc = kc(cache_dir, *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert len(entry_files(cache_dir)) == 5
+
+
+def test_bad_environment_setting_exits_2(cache_dir: Path) -> None:
+    proc = kc(cache_dir, "stats", env={"KERNELCACHE_MAX_SIZE": "lots"})
+    assert proc.returncode == 2 and "invalid size" in proc.stderr
+
+
+def test_export_clear_import_restores_every_entry_byte_for_byte(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    before = entry_files(cache_dir)
+    bundle = tmp_path / "warm.kcb"
+    exported = kc(cache_dir, "export", str(bundle))
+    assert exported.returncode == 0 and "exported 5 entries" in exported.stdout
+    cleared = kc(cache_dir, "clear", "--yes")
+    assert cleared.returncode == 0 and entry_files(cache_dir) == {}
+    imported = kc(cache_dir, "import", str(bundle))
+    assert imported.returncode == 0 and "imported 5 entries" in imported.stdout
+    assert entry_files(cache_dir) == before
+    again = kc(cache_dir, "import", str(bundle))
+    assert "imported 0 entries" in again.stdout and "5 were already present" in again.stdout
+    # Into a fresh directory, too.
+    fresh = tmp_path / "fresh"
+    assert kc(fresh, "import", str(bundle)).returncode == 0
+    assert entry_files(fresh) == before
+
+
+def test_export_since_takes_recently_used_entries(cache_dir: Path, tmp_path: Path) -> None:
+    info = DiskStore(cache_dir, read_only=True).info(KEYS[0])
+    assert info is not None
+    os.utime(info.extra["path"], (time.time(), time.time()))
+    bundle = tmp_path / "recent.kcb"
+    assert kc(cache_dir, "export", str(bundle), "--since", "1h").returncode == 0
+    fresh = tmp_path / "fresh"
+    assert kc(fresh, "import", str(bundle)).returncode == 0
+    assert [r["key"] for r in kc_json(fresh, "ls")] == [KEYS[0]]
+
+
+def test_damaged_bundle_imports_nothing(cache_dir: Path, tmp_path: Path) -> None:
+    bundle = tmp_path / "warm.kcb"
+    assert kc(cache_dir, "export", str(bundle)).returncode == 0
+    data = bundle.read_bytes()
+    fresh = tmp_path / "fresh"
+    for damaged in (data[: len(data) - 30], data[: len(data) // 2]):
+        bundle.write_bytes(damaged)
+        proc = kc(fresh, "import", str(bundle))
+        assert proc.returncode == 1 and "truncated" in proc.stderr
+        assert "nothing imported" in proc.stderr
+        assert not fresh.exists() or entry_files(fresh) == {}
+    flipped = bytearray(data)
+    flipped[len(data) - 40] ^= 1  # inside the last entry's data: found only at the end
+    bundle.write_bytes(bytes(flipped))
+    proc = kc(fresh, "import", str(bundle))
+    assert proc.returncode == 1 and "record 4 is not a valid entry" in proc.stderr
+    assert not fresh.exists() or entry_files(fresh) == {}
+
+
+def test_config_shows_sources(tmp_path: Path) -> None:
+    rows = kc_json(tmp_path / "c", "config")
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["dir"]["value"] == str(tmp_path / "c") and by_name["dir"]["source"] == "argument"
+    assert by_name["max_size"]["source"] == "default"
+    env = kc(None, "config", env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_SECRET": "s3"})
+    assert "environment KERNELCACHE_DIR" in env.stdout and "s3" not in env.stdout
+
+
+def test_dir_option_after_the_command_and_help(tmp_path: Path) -> None:
+    proc = kc(None, "config", "--json", "--dir", str(tmp_path / "x"))
+    assert json.loads(proc.stdout)[0]["value"] == str(tmp_path / "x")
+    helped = kc(None, "--help")
+    assert helped.returncode == 0 and "export" in helped.stdout and "nvcc" in helped.stdout
+
+
+def test_delegated_commands_keep_their_arguments() -> None:
+    assert _split_delegated(["nvcc", "-cubin", "--dir", "x"]) == (
+        "nvcc",
+        ["-cubin", "--dir", "x"],
+        None,
+    )
+    assert _split_delegated(["--dir=/c", "demo", "--fast"]) == ("demo", ["--fast"], "/c")
+    assert _split_delegated(["--dir", "/c", "ls"]) == (None, ["--dir", "/c", "ls"], None)
+
+
+def test_output_helpers() -> None:
+    assert table(["A", "NUM"], [["x", 5], ["long", 10]], right=[1]).splitlines() == [
+        "A     NUM",
+        "x       5",
+        "long   10",
+    ]
+    assert [format_age(s) for s in (5, 90, 7200, 86400 * 3.5, 86400 * 30)] == [
+        "5s",
+        "1.5m",
+        "2.0h",
+        "3.5d",
+        "4.3w",
+    ]

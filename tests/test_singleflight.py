@@ -1,0 +1,290 @@
+"""Single-flight get_or_compile: threads, spawned processes, a SIGKILLed holder, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
+from kernelcache.stores.base import FlightLock, Store
+
+WORKER = str(Path(__file__).with_name("sf_worker.py"))
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def make_cache(path: Path) -> Cache:
+    return Cache([MemoryStore(), DiskStore(path)], settings=Settings.load(dir=str(path)))
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[Cache]:
+    c = make_cache(tmp_path / "cache")
+    yield c
+    c.close()
+
+
+def run_threads(n: int, target: Callable[[], Any]) -> list[Any]:
+    """Run ``target`` in ``n`` threads released together; results or exceptions, in order."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = target()
+        except Exception as exc:  # collected for the assertions, not swallowed
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return results
+
+
+# Threads --------------------------------------------------------------------
+def test_four_threads_compile_once(cache: Cache) -> None:
+    calls = []
+
+    def fn() -> bytes:
+        calls.append(1)
+        time.sleep(0.3)
+        return os.urandom(64)
+
+    results = run_threads(4, lambda: cache.get_or_compile("k", fn))
+    assert len(calls) == 1
+    assert all(isinstance(r, Entry) for r in results)
+    assert len({r["data"] for r in results}) == 1
+    assert results[0].meta["compile_seconds"] >= 0.3
+    assert cache.compile_stats()["flight_waits"] == 3
+
+
+def test_exception_reaches_its_caller_and_waiters_retry(cache: Cache) -> None:
+    calls = []
+
+    def fn() -> bytes:
+        calls.append(1)
+        time.sleep(0.2)
+        if len(calls) == 1:
+            raise ValueError("first compile fails")
+        return b"ok"
+
+    results = run_threads(4, lambda: cache.get_or_compile("k", fn))
+    errors = [r for r in results if isinstance(r, ValueError)]
+    assert len(errors) == 1 and str(errors[0]) == "first compile fails"
+    assert [r["data"] for r in results if isinstance(r, Entry)] == [b"ok"] * 3
+    assert len(calls) == 2  # the failed compile, then one retry for all waiters
+
+
+def test_failures_are_not_cached(cache: Cache, tmp_path: Path) -> None:
+    calls = []
+
+    def fn() -> bytes:
+        calls.append(1)
+        time.sleep(0.05)
+        raise OSError("compiler crashed")
+
+    results = run_threads(4, lambda: cache.get_or_compile("k", fn))
+    assert all(isinstance(r, OSError) for r in results)
+    assert len(calls) == 4  # each caller ran it once, one at a time
+    assert cache.get("k") is None
+    assert list(DiskStore(tmp_path / "cache").keys()) == []
+    assert cache.compile_stats()["compile_errors"] == 4
+
+
+def test_bytes_are_wrapped_and_bad_results_rejected(cache: Cache) -> None:
+    entry = cache.get_or_compile("k", lambda: bytearray(b"abc"))
+    assert entry.names == ["data"] and entry["data"] == b"abc"
+    with pytest.raises(TypeError, match="must return an Entry or bytes"):
+        cache.get_or_compile("k2", lambda: "text")  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="timeout"):
+        cache.get_or_compile("k3", lambda: b"", timeout=-1)
+    with pytest.raises(ValueError, match="invalid cache key"):
+        cache.get_or_compile("../k", lambda: b"")
+
+
+def test_entry_meta_is_kept_and_compile_time_added(cache: Cache) -> None:
+    entry = cache.get_or_compile("k", lambda: Entry({"a.cubin": b"x"}, meta={"name": "add"}))
+    assert entry.meta["name"] == "add" and entry.meta["compile_seconds"] >= 0
+    again = make_cache(Path(cache.tiers[1].path)).get("k")  # type: ignore[attr-defined]
+    assert again is not None and again.meta == entry.meta
+
+
+class _StuckLock:
+    """A lock held forever by someone else: acquire always times out."""
+
+    def acquire(self, timeout: float) -> bool:
+        time.sleep(min(timeout, 0.05))
+        return False
+
+    def release(self) -> None:
+        raise AssertionError("never acquired")
+
+
+class _StuckTier(MemoryStore):
+    def flight_lock(self, key: str) -> FlightLock | None:
+        return _StuckLock()
+
+
+def test_lock_timeout_compiles_anyway(tmp_path: Path) -> None:
+    tiers: list[Store] = [_StuckTier()]
+    cache = Cache(tiers, settings=Settings.load(dir=str(tmp_path)))
+    entry = cache.get_or_compile("k", lambda: b"x", timeout=0.05)
+    assert entry["data"] == b"x"
+    assert cache.compile_stats()["lock_timeouts"] == 1
+
+
+def test_waiting_thread_times_out_and_compiles_itself(cache: Cache) -> None:
+    release = threading.Event()
+    calls = []
+
+    def slow() -> bytes:
+        calls.append("slow")
+        release.wait(10)
+        return b"slow"
+
+    leader = threading.Thread(target=lambda: cache.get_or_compile("k", slow, timeout=0.2))
+    leader.start()
+    time.sleep(0.05)
+    start = time.monotonic()
+    entry = cache.get_or_compile("k", lambda: b"fast", timeout=0.2)
+    waited = time.monotonic() - start
+    release.set()
+    leader.join(10)
+    assert entry["data"] == b"fast" and calls == ["slow"]
+    assert 0.1 <= waited < 2.0  # a full timeout for the leader's compile, then its own
+    assert cache.compile_stats()["lock_timeouts"] == 1
+
+
+# Processes ------------------------------------------------------------------
+def spawn(opts: dict[str, Any]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, json.dumps(opts)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def result(proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_eight_processes_compile_once(tmp_path: Path) -> None:
+    counter, go = tmp_path / "count", tmp_path / "go"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter), "go": str(go)}
+    procs = [spawn({**opts, "sleep": 1.0}) for _ in range(8)]
+    go.touch()
+    results = [result(p) for p in procs]
+    assert len(counter.read_text().splitlines()) == 1
+    assert len({r["digest"] for r in results}) == 1
+    (compiler,) = [r for r in results if r["compiled"]]
+    # Every process asked before the compile ended: they really did overlap.
+    assert max(r["asked"] for r in results) < compiler["compile_end"]
+
+
+@pytest.mark.slow
+def test_killed_lock_holder_does_not_block_waiters(tmp_path: Path) -> None:
+    counter, started = tmp_path / "count", tmp_path / "started"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter), "timeout": 30.0}
+    holder = spawn({**opts, "mode": "hang", "started": str(started)})
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline, "the holder never started compiling"
+        time.sleep(0.01)
+    waiters = [spawn({**opts, "sleep": 0.2}) for _ in range(2)]
+    time.sleep(0.5)  # let both reach the lock
+    killed = time.monotonic()
+    holder.send_signal(signal.SIGKILL)
+    holder.communicate(timeout=10)  # reaps it and closes its pipe
+    results = [result(w) for w in waiters]
+    assert len({r["digest"] for r in results}) == 1
+    assert sum(r["compiled"] for r in results) == 1
+    assert len(counter.read_text().splitlines()) == 2  # the killed compile and one more
+    assert all(r["asked"] < killed for r in results)
+    # Far inside the 30 s lock timeout: the kernel released the dead holder's flock.
+    assert max(r["returned"] for r in results) - killed < 5.0
+
+
+@pytest.mark.slow
+def test_failed_compile_in_one_process_is_retried_by_another(tmp_path: Path) -> None:
+    counter, started = tmp_path / "count", tmp_path / "started"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter)}
+    gate = tmp_path / "gate"
+    failing = spawn({**opts, "mode": "fail", "started": str(started), "gate": str(gate)})
+    while not started.exists():
+        time.sleep(0.01)
+    waiter = spawn({**opts, "sleep": 0.1})
+    time.sleep(0.3)  # let the waiter reach the lock
+    failed_at = time.monotonic()
+    gate.touch()
+    failed, ok = result(failing), result(waiter)
+    assert failed["error"] == "compile failed on purpose"
+    # It asked while the failing compile held the lock and got its entry only after
+    # that compile failed: it waited, then retried.
+    assert ok["compiled"] and ok["asked"] < failed_at < ok["returned"]
+    assert len(counter.read_text().splitlines()) == 2
+    assert make_cache(tmp_path / "c").get("k") is not None
+
+
+def test_forked_child_does_not_wait_for_the_parents_threads(cache: Cache) -> None:
+    gate = threading.Event()
+
+    def slow() -> bytes:
+        gate.wait(10)
+        return b"parent"
+
+    leader = threading.Thread(target=lambda: cache.get_or_compile("k", slow, timeout=3.0))
+    leader.start()
+    time.sleep(0.1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the parent's flight must not hold it up
+        code = 1
+        try:
+            start = time.monotonic()
+            entry = cache.get_or_compile("k", lambda: b"child", timeout=3.0)
+            os.write(write, json.dumps([entry["data"].decode(), time.monotonic() - start]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    time.sleep(0.2)
+    gate.set()  # the parent's compile ends; the child was waiting on its disk lock
+    leader.join(10)
+    data, elapsed = json.loads(os.read(read, 1000))
+    os.close(read)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert data == "parent" and elapsed < 2.0
+
+
+@pytest.mark.slow
+def test_waiter_compiles_itself_when_a_live_holder_is_stuck(tmp_path: Path) -> None:
+    counter, started = tmp_path / "count", tmp_path / "started"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter)}
+    holder = spawn({**opts, "mode": "hang", "started": str(started)})
+    try:
+        while not started.exists():
+            time.sleep(0.01)
+        waiter = result(spawn({**opts, "timeout": 0.5}))
+        assert waiter["compiled"]
+        assert 0.5 <= waiter["returned"] - waiter["asked"] < 5.0
+        assert len(counter.read_text().splitlines()) == 2
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
