@@ -1,8 +1,8 @@
 """Cross-machine single-flight through the Redis lease, with real processes.
 
-``compile_through_lease`` is the minimal harness of what ``Cache.get_or_compile``
-does with a remote tier's lock: look up, take the lease, look up again (the
-holder we waited for may have published), compile and put, release.
+The eight-process test goes through ``Cache.get_or_compile`` itself: each
+process has its own memory tier, one of two disk directories ("machines") and
+the shared Redis, so only the lease can keep the two machines from compiling twice.
 """
 
 from __future__ import annotations
@@ -27,34 +27,21 @@ from redis_server import RedisServer, unique_namespace
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def compile_through_lease(
-    cache: Cache, remote: RedisStore, key: str, seconds: float
-) -> tuple[bool, Entry]:
-    entry = cache.get(key)
-    if entry is not None:
-        return False, entry
-    lock = remote.flight_lock(key)
-    assert lock is not None
-    held = lock.acquire(timeout=30)
-    try:
-        entry = cache.get(key)
-        if entry is not None:
-            return False, entry
-        time.sleep(seconds)  # the compile
-        entry = Entry({"kernel.cubin": os.urandom(4096)}, meta={"pid": os.getpid()})
-        cache.put(key, entry)  # published before the lease is released
-        return True, entry
-    finally:
-        if held:
-            lock.release()
-
-
-def _worker(url: str, ns: str, disk: str, key: str, barrier: Any, results: Any) -> None:
+def _worker(
+    url: str, ns: str, disk: str, key: str, counter: str, barrier: Any, results: Any
+) -> None:
     remote = RedisStore(url, namespace=ns, lease=1.0)
     cache = Cache([MemoryStore(), DiskStore(disk), remote])
+
+    def compile_() -> Entry:
+        with open(counter, "a") as f:  # one line per compile, whoever runs it
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.5)
+        return Entry({"kernel.cubin": os.urandom(4096)}, meta={"pid": os.getpid()})
+
     barrier.wait(timeout=60)
-    compiled, entry = compile_through_lease(cache, remote, key, seconds=0.5)
-    results.put((os.getpid(), compiled, entry["kernel.cubin"]))
+    entry = cache.get_or_compile(key, compile_, timeout=30)
+    results.put((os.getpid(), entry["kernel.cubin"]))
 
 
 def _hold_forever(url: str, ns: str, key: str, ready: Any) -> None:
@@ -69,12 +56,21 @@ def test_eight_processes_on_two_machines_compile_once(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     ns = unique_namespace()
+    counter = tmp_path / "compiles.log"
     barrier = SPAWN.Barrier(8)
     results = SPAWN.Queue()
     procs = [
         SPAWN.Process(
             target=_worker,
-            args=(redis_server.url, ns, str(tmp_path / f"machine{i % 2}"), "k", barrier, results),
+            args=(
+                redis_server.url,
+                ns,
+                str(tmp_path / f"machine{i % 2}"),
+                "k",
+                str(counter),
+                barrier,
+                results,
+            ),
         )
         for i in range(8)
     ]
@@ -86,8 +82,8 @@ def test_eight_processes_on_two_machines_compile_once(
         for proc in procs:
             proc.join(timeout=30)
     assert [proc.exitcode for proc in procs] == [0] * 8
-    assert sum(compiled for _, compiled, _ in outcomes) == 1
-    assert len({cubin for _, _, cubin in outcomes}) == 1  # everyone got the one compile
+    assert len(counter.read_text().splitlines()) == 1
+    assert len({cubin for _, cubin in outcomes}) == 1  # everyone got the one compile
 
 
 def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None:
