@@ -124,3 +124,21 @@ def test_default_cache_honours_settings(tmp_path: Path) -> None:
     disabled = Cache(settings=Settings.load(environ={"KERNELCACHE_DISABLE": "1"}))
     assert disabled.tiers == [] and disabled.get(KEY) is None
     assert disabled.get_or_compile(KEY, lambda: b"x")["data"] == b"x"
+
+
+def test_put_entry_paths_lie_in_the_disk_tier_and_survive_its_failure(tmp_path: Path) -> None:
+    disk = DiskStore(tmp_path / "disk")
+    cache = Cache([MemoryStore(), disk])
+    entry = Entry({"kernel.cubin": b"\x7fELF" + b"2" * 64})
+    cache.put(KEY, entry)
+    path = Path(cache.get(KEY).path("kernel.cubin"))  # type: ignore[union-attr]
+    assert path.is_relative_to(tmp_path / "disk") and path.read_bytes() == entry["kernel.cubin"]
+    # The tier's extraction area breaks (ENOTDIR): a verified private copy still serves loaders.
+    other = Entry({"kernel.cubin": b"\x7fELF" + b"3" * 64})
+    cache.put(KEY, other)
+    files = tmp_path / "disk" / "v1" / "files"
+    shutil.rmtree(files)
+    files.write_bytes(b"")
+    fallback = Path(other.path("kernel.cubin"))
+    assert not fallback.is_relative_to(tmp_path) and fallback.read_bytes() == other["kernel.cubin"]
+    assert disk.counters.errors >= 1

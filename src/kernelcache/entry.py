@@ -29,7 +29,7 @@ from typing import Any
 
 import xxhash
 
-from kernelcache.errors import CorruptEntry
+from kernelcache.errors import CorruptEntry, StoreError
 
 MAGIC = b"KCENTRY\n"
 FORMAT_VERSION = 1
@@ -186,7 +186,12 @@ class Entry(Mapping[str, bytes]):
             existing = self._paths.get(name)
             if existing is not None and os.path.exists(existing):
                 return existing
-            path = (self._materialize or _materialize_tmp)(self, name)
+            try:
+                path = (self._materialize or _materialize_tmp)(self, name)
+            except StoreError:
+                # The tier failed (disk full, removed directory): the bytes in
+                # hand are verified, so a private copy still serves the loader.
+                path = _materialize_tmp(self, name)
             if os.path.getsize(path) != len(data):
                 raise CorruptEntry(f"materialised file {path} does not match artifact {name!r}")
             self._paths[name] = path

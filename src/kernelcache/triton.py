@@ -44,7 +44,6 @@ from kernelcache.entry import Entry, validate_name
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.keys import KeyBuilder
 from kernelcache.settings import Settings
-from kernelcache.stores.memory import MemoryStore
 
 __all__ = ["CacheManager", "RemoteBackend", "get_cache", "set_cache", "stats"]
 
@@ -129,30 +128,19 @@ def _as_bytes(data: Any) -> bytes:
 def _publish(cache: Cache, key: str, entry: Entry, names: Iterable[str]) -> dict[str, str]:
     """Store ``entry`` and return a real file for each of ``names``.
 
-    The files come from the stored entry as the cache reads it back, so they
-    lie inside the disk tier (capped, evicted, shared) rather than in a temp
-    directory: a memory tier would hold the very object we put, whose
-    ``path()`` writes copies to this process's temp directory (never freed
-    until exit), so the key is dropped from memory tiers and the read-back
-    promotes the disk-backed entry instead. If nothing could store it, the
-    files are written from our own bytes to the temp directory.
+    A disk tier that stored the entry makes ``entry.path`` give files inside
+    it (capped, evicted, shared); with no persistent tier (read-only,
+    disabled, failing) the files come from this process's private temp
+    directory, and the memory tier still makes the next compile a hit.
     """
     cache.put(key, entry)
-    memory = [t for t in cache.tiers if isinstance(t, MemoryStore) and not t.read_only]
-    for tier in memory:
-        tier.delete(key)
-    published = cache.get(key)
-    if published is None:  # no persistent tier took it (read-only, disabled, failing)
-        published = entry
-        for tier in memory:
-            tier.put(key, entry)  # still a hit for this process's next compile
     try:
-        return {name: published.path(name) for name in names}
-    except _ENTRY_ERRORS:
-        # Evicted meanwhile, disk full, or another writer's group with other
-        # children: our own bytes are still right for this caller.
-        _state.count("unusable_entries")
         return {name: entry.path(name) for name in names}
+    except _ENTRY_ERRORS:
+        # A name Triton asked for that the group lacks, or a loader-side
+        # failure: counted, and the caller's own staged files stay usable.
+        _state.count("unusable_entries")
+        raise
 
 
 class CacheManager(_TritonCacheManager):  # type: ignore[misc]

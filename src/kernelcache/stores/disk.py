@@ -238,6 +238,12 @@ class DiskStore(Store):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        if entry._materialize is None and entry.key in (None, key):
+            # The caller's object (often also held by a memory tier) now has a
+            # published copy here: path() should give files inside this tier,
+            # capped and shared, not copies in a per-process temp directory.
+            entry.key = key
+            entry._materialize = self._materialize
 
     def _write_file(self, tmp: str, parts: list[bytes]) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
