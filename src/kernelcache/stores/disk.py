@@ -316,12 +316,16 @@ class DiskStore(Store):
                 digest.update(data)
             folder = f"{self._files}/{shard}/{key}.{digest.hexdigest()}"
         target = os.path.join(folder, name)
-        try:
-            if os.path.getsize(target) == len(entry[name]):
-                return target
-        except FileNotFoundError:
-            pass  # not extracted yet
-        self._guard(lambda: self._extract(entry, folder, shard))
+
+        def extract() -> None:
+            try:
+                if os.path.getsize(target) == len(entry[name]):
+                    return
+            except FileNotFoundError:
+                pass  # not extracted yet
+            self._extract(entry, folder, shard)
+
+        self._guard(extract)  # other OS errors: a broken tier, counted
         return target
 
     def _extract(self, entry: Entry, folder: str, shard: str) -> None:
