@@ -382,3 +382,31 @@ def raw_flags(server: RedisServer, ns: str, key: str) -> int:
     value = redis.Redis.from_url(server.url).get(f"kc:{ns}:e:{key}")
     assert value is not None
     return value[4]
+
+
+def test_kernelcache_stats_shows_the_remote_tiers_faults(
+    own_redis: RedisServer, ns: str, tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    remote = RedisStore(own_redis.url, namespace=ns, timeout=0.2, breaker_threshold=2)
+    cache = Cache([MemoryStore(), DiskStore(tmp_path / "d"), remote])
+    cache.put("before", _cubin())
+    own_redis.kill()
+    for i in range(4):
+        assert cache.get(f"gone{i}") is None
+    cache.close()  # flushes this process's counters into the directory's totals
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "--dir", str(tmp_path / "d"), "stats", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    redis_tier = json.loads(out.stdout)["lifetime"]["tiers"]["redis"]
+    assert redis_tier["puts"] == 1 and redis_tier["errors"] >= 2
+    assert redis_tier["breaker_trips"] == 1 and redis_tier["skipped"] >= 2
+    text = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "--dir", str(tmp_path / "d"), "stats"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "redis: timeouts" in text and "circuit-breaker trips 1" in text

@@ -197,6 +197,9 @@ def _complete(section: dict[str, Any]) -> dict[str, Any]:
     return {"since": section["since"], "tiers": tiers, "compile": compiles}
 
 
+_REMOTE_FIELDS = ("timeouts", "breaker_trips", "skipped", "forged")
+
+
 def _stats_text(report: dict[str, Any]) -> str:
     from kernelcache.cli_output import format_seconds, format_time, table
     from kernelcache.units import format_size
@@ -240,6 +243,13 @@ def _stats_text(report: dict[str, Any]) -> str:
         comp = section["compile"]
         lines += ["", f"{title} since {format_time(section['since'])}"]
         lines.append(table(headers, rows, right=range(1, 10)) if rows else "  (no activity)")
+        for name, c in section["tiers"].items():
+            if name.startswith("redis") or any(c[f] for f in _REMOTE_FIELDS):
+                lines.append(
+                    f"{name}: timeouts {c['timeouts']}, circuit-breaker trips "
+                    f"{c['breaker_trips']}, skipped while open {c['skipped']}, "
+                    f"forged {c['forged']}"
+                )
         lines.append(
             f"compiles {comp['compiles']} ({format_seconds(comp['compile_seconds'])}), "
             f"failed {comp['compile_errors']}, waited for another's compile "

@@ -41,6 +41,10 @@ TIER_FIELDS = (
     "corrupt",
     "bytes_read",
     "bytes_written",
+    "timeouts",
+    "skipped",
+    "breaker_trips",
+    "forged",
     "seconds_saved",
 )
 COMPILE_FIELDS = ("compiles", "compile_seconds", "compile_errors", "flight_waits", "lock_timeouts")

@@ -51,6 +51,12 @@ class Counters:
     corrupt: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    # Kept by remote tiers; zero elsewhere. Ordinary counters, so the
+    # persistent statistics and `kernelcache stats` carry them like the rest.
+    timeouts: int = 0
+    skipped: int = 0  # calls not made while the circuit breaker was open
+    breaker_trips: int = 0
+    forged: int = 0  # values whose signature was missing or wrong
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

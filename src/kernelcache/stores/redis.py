@@ -94,7 +94,6 @@ class RedisStore(Store):
         self.max_entry_size = max_entry_size
         self.lease = lease
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown)
-        self._extra = {"timeouts": 0, "skipped": 0, "forged": 0}
         self._shown_url = redis_config.redact(url)
         self._prefix = f"kc:{self.namespace}:"
         self._entries = f"{self._prefix}e:"
@@ -116,7 +115,7 @@ class RedisStore(Store):
     # The guarded call: every Redis error becomes a counted StoreError ----------
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         if not self.breaker.allow():
-            self._count_extra("skipped")
+            self._count("skipped")
             raise StoreError(f"{self!r}: skipped, circuit open after repeated failures")
         unreachable, timeout, any_error = self._errors
         try:
@@ -124,8 +123,9 @@ class RedisStore(Store):
         except unreachable as exc:
             self._count("errors")
             if isinstance(exc, timeout):
-                self._count_extra("timeouts")
-            self.breaker.record_failure()
+                self._count("timeouts")
+            if self.breaker.record_failure():
+                self._count("breaker_trips")
             raise StoreError(f"{self!r}: {type(exc).__name__}: {exc}") from exc
         except any_error as exc:  # the server answered (an error reply): it is not down
             self._count("errors")
@@ -133,10 +133,6 @@ class RedisStore(Store):
             raise StoreError(f"{self!r}: {type(exc).__name__}: {exc}") from exc
         self.breaker.record_success()
         return result
-
-    def _count_extra(self, name: str) -> None:
-        with self._counter_lock:
-            self._extra[name] += 1
 
     def _script(self, name: str) -> Callable[..., Any]:
         return self._scripts[name]  # type: ignore[no-any-return]
@@ -162,7 +158,7 @@ class RedisStore(Store):
             except _Replaced:
                 continue
             except fmt.ForgedEntry:
-                self._count_extra("forged")  # never deleted: it may be a peer with another secret
+                self._count("forged")  # never deleted: it may be a peer with another secret
                 self.counters.misses += 1
                 return None
             except CorruptEntry:
@@ -346,12 +342,8 @@ class RedisStore(Store):
         return sum(1 for key in list(self.keys()) if self.delete(key))
 
     def stats(self) -> dict[str, Any]:
-        with self._counter_lock:
-            extra = dict(self._extra)
         return {
             **super().stats(),
-            **extra,
-            "breaker_trips": self.breaker.trips,
             "breaker": self.breaker.state,
             "url": self._shown_url,
             "namespace": self.namespace,
