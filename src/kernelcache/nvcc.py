@@ -168,11 +168,19 @@ def _lookup(cache: Cache, direct: str, basedir: str | None) -> Entry | None:
 
 
 def _write_atomic(path: str, data: bytes) -> None:
+    """Write ``path`` so that it is never seen partially written (make trusts mtimes).
+
+    The old file is unlinked before the rename: on ext4, renaming over (or
+    truncating) a file forces a flush of the new data (``auto_da_alloc``),
+    which cost ~2 ms per output here.
+    """
     tmp = f"{path}.kctmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rename(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -351,8 +359,9 @@ def _count(settings: Settings, field: str, reason: str | None = None, saved: flo
         if saved:
             data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
         encoded = json.dumps(data, sort_keys=True).encode()
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, encoded, 0)
+        # Pad instead of truncating: truncating a file with data makes ext4
+        # flush it (auto_da_alloc), ~3 ms per call. JSON allows trailing spaces.
+        os.pwrite(fd, encoded.ljust(len(raw)), 0)
     except OSError:
         return
     finally:

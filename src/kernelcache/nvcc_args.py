@@ -19,8 +19,6 @@ to it, trading that exactness for hits across checkouts.
 from __future__ import annotations
 
 import os
-import shlex
-from dataclasses import dataclass, field
 
 BASE_TOKEN = "\0BASE\0"
 
@@ -185,21 +183,39 @@ SOURCE_SUFFIXES = (".cu", ".c", ".cc", ".cpp", ".cxx", ".C")
 _MAX_OPTFILE_DEPTH = 8
 
 
-@dataclass
 class Invocation:
-    """One parsed nvcc call. ``reason`` is set when it cannot be cached."""
+    """One parsed nvcc call. ``reason`` is set when it cannot be cached.
 
-    args: list[str]
-    mode: str | None = None
-    source: str | None = None
-    output: str | None = None
-    depmode: str | None = None  # "-MD" or "-MMD"
-    depfile: str | None = None
-    deptarget: bool = False
-    ccbin: str | None = None
-    debug: bool = False
-    keyed: list[list[str | None]] = field(default_factory=list)
-    reason: str | None = None
+    A plain class, not a dataclass: ``dataclasses`` imports ``inspect``, a
+    few milliseconds on a hit path bounded by interpreter start-up.
+    """
+
+    __slots__ = (
+        "args",
+        "ccbin",
+        "debug",
+        "depfile",
+        "depmode",
+        "deptarget",
+        "keyed",
+        "mode",
+        "output",
+        "reason",
+        "source",
+    )
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.mode: str | None = None
+        self.source: str | None = None
+        self.output: str | None = None
+        self.depmode: str | None = None  # "-MD" or "-MMD"
+        self.depfile: str | None = None
+        self.deptarget = False
+        self.ccbin: str | None = None
+        self.debug = False
+        self.keyed: list[list[str | None]] = []
+        self.reason: str | None = None
 
     def refuse(self, reason: str) -> None:
         if self.reason is None:
@@ -225,6 +241,14 @@ def _split(token: str) -> tuple[str, str | None] | None:
     return None
 
 
+def _shell_split(text: str) -> list[str]:
+    if not text.strip():
+        return []
+    import shlex  # deferred: most calls have neither options files nor NVCC_*_FLAGS
+
+    return shlex.split(text)
+
+
 def _expand(tokens: list[str], depth: int = 0) -> list[str]:
     """Splice ``--options-file`` contents in place (CMake passes include dirs this way)."""
     out: list[str] = []
@@ -241,7 +265,7 @@ def _expand(tokens: list[str], depth: int = 0) -> list[str]:
                 raise ValueError("options files nested too deeply")
             for name in value.split(","):
                 with open(name, encoding="utf-8") as f:
-                    out += _expand(shlex.split(f.read()), depth + 1)
+                    out += _expand(_shell_split(f.read()), depth + 1)
         else:
             out.append(token)
         i += 1
@@ -254,9 +278,8 @@ def parse(args: list[str], environ: os._Environ[str] | dict[str, str] | None = N
     inv = Invocation(args=list(args))
     basedir = env.get("KERNELCACHE_BASEDIR") or None
     basedir = os.path.normpath(os.path.abspath(basedir)) if basedir else None
-    extra = shlex.split(env.get("NVCC_PREPEND_FLAGS", "")) + shlex.split(
-        env.get("NVCC_APPEND_FLAGS", "")
-    )
+    extra = _shell_split(env.get("NVCC_PREPEND_FLAGS", ""))
+    extra += _shell_split(env.get("NVCC_APPEND_FLAGS", ""))
     try:
         tokens = _expand(list(args)) + _expand(extra)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
