@@ -164,9 +164,71 @@ def _need(option: str, value: str | None) -> str:
     return value
 
 
-# Per process: the key of a call, revalidated by stat before reuse (see _key_for).
-_key_memo: dict[tuple[Any, ...], tuple[str, includes.Scan]] = {}
-_KEY_MEMO_LIMIT = 1024
+@dataclass(frozen=True)
+class _Request:
+    """One compile's inputs, validated and normalised."""
+
+    src: bytes
+    name: str
+    arch: str
+    target: str
+    opts: Options
+    hdrs: dict[str, bytes]
+    dirs: list[str]
+    exprs: list[str]
+
+
+def _request(
+    source: str | bytes,
+    name: str,
+    arch: str,
+    target: str,
+    options: Sequence[str],
+    headers: Mapping[str, str | bytes] | None,
+    include_dirs: Sequence[str | os.PathLike[str]],
+    name_expressions: Sequence[str],
+) -> _Request:
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
+    if not isinstance(arch, str) or not arch.startswith(("sm_", "compute_")):
+        raise ValueError(f"arch must look like 'sm_90' or 'compute_90', not {arch!r}")
+    if target == "cubin" and not arch.startswith("sm_"):
+        raise ValueError(f"a cubin needs a real architecture (sm_XY), not {arch!r}")
+    if isinstance(options, str):
+        raise TypeError("options must be a sequence of str, not one str")
+    opts = canonical_options(options)
+    if target == "ltoir" and "--dlink-time-opt" not in opts.keyed:
+        opts.passed.append("-dlto")  # NVRTC only emits LTO-IR with -dlto
+        opts.keyed.append("--dlink-time-opt")
+    return _Request(
+        src=source.encode() if isinstance(source, str) else bytes(source),
+        name=name,
+        arch=arch,
+        target=target,
+        opts=opts,
+        hdrs={
+            str(k): (v.encode() if isinstance(v, str) else bytes(v))
+            for k, v in (headers or {}).items()
+        },
+        dirs=[os.fspath(d) for d in include_dirs] + opts.include_dirs,
+        exprs=[str(e) for e in name_expressions],
+    )
+
+
+def cache_key(
+    source: str | bytes,
+    *,
+    name: str = "kernel.cu",
+    arch: str = "sm_90",
+    target: str = "cubin",
+    options: Sequence[str] = (),
+    headers: Mapping[str, str | bytes] | None = None,
+    include_dirs: Sequence[str | os.PathLike[str]] = (),
+    name_expressions: Sequence[str] = (),
+) -> str:
+    """The key :func:`compile` would use for these arguments, without compiling."""
+    req = _request(source, name, arch, target, options, headers, include_dirs, name_expressions)
+    return _key_for(req)
 
 
 def compile(
@@ -181,24 +243,13 @@ def compile(
     name_expressions: Sequence[str] = (),
     cache: Cache | None = None,
 ) -> CompileResult:
-    """Compile ``source`` with NVRTC, or return the cached result of the same compile."""
-    if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, not {target!r}")
-    if not isinstance(arch, str) or not arch.startswith(("sm_", "compute_")):
-        raise ValueError(f"arch must look like 'sm_90' or 'compute_90', not {arch!r}")
-    if target == "cubin" and not arch.startswith("sm_"):
-        raise ValueError(f"a cubin needs a real architecture (sm_XY), not {arch!r}")
-    src = source.encode() if isinstance(source, str) else bytes(source)
-    hdrs = {
-        str(k): (v.encode() if isinstance(v, str) else bytes(v)) for k, v in (headers or {}).items()
-    }
-    exprs = [str(e) for e in name_expressions]
-    opts = canonical_options(options)
-    dirs = [os.fspath(d) for d in include_dirs] + opts.include_dirs
-    if target == "ltoir" and "--dlink-time-opt" not in opts.keyed:
-        opts.passed.append("-dlto")
-        opts.keyed.append("--dlink-time-opt")
-    key = _key_for(src, name, arch, target, opts, hdrs, dirs, exprs)
+    """Compile ``source`` with NVRTC, or return the cached result of the same compile.
+
+    Raises :class:`NVRTCError` (with NVRTC's log) when the program does not
+    compile, and ``ValueError`` for options or includes that cannot be keyed.
+    """
+    req = _request(source, name, arch, target, options, headers, include_dirs, name_expressions)
+    key = _key_for(req)
     if cache is None:
         from kernelcache._defaults import default_cache
 
@@ -208,7 +259,7 @@ def compile(
     def run() -> Entry:
         nonlocal compiled
         compiled = True
-        return _compile_entry(src, name, arch, target, opts, hdrs, dirs, exprs)
+        return _compile_entry(req)
 
     entry = cache.get_or_compile(key, run)
     meta = entry.meta
@@ -223,47 +274,45 @@ def compile(
     )
 
 
-def _key_for(
-    src: bytes,
-    name: str,
-    arch: str,
-    target: str,
-    opts: Options,
-    hdrs: dict[str, bytes],
-    dirs: list[str],
-    exprs: list[str],
-) -> str:
+# Per process: the key of a request, revalidated by stat before reuse, so a
+# warm call neither re-reads nor re-hashes headers (see _key_for).
+_key_memo: dict[tuple[Any, ...], tuple[str, includes.Scan]] = {}
+_KEY_MEMO_LIMIT = 1024
+
+
+def _key_for(req: _Request) -> str:
     """The key, reusing this process's earlier scan when no scanned file changed."""
+    opts = req.opts
     memo_key = (
         os.getcwd(),
-        src,
-        name,
-        arch,
-        target,
+        req.src,
+        req.name,
+        req.arch,
+        req.target,
         tuple(opts.keyed),
-        tuple(sorted(hdrs.items())),
-        tuple(dirs),
-        tuple(exprs),
+        tuple(sorted(req.hdrs.items())),
+        tuple(req.dirs),
+        tuple(req.exprs),
     )
     known = _key_memo.get(memo_key)
     if known is not None and includes.still_valid(known[1].checks, known[1].absent):
         return known[0]
     from kernelcache import toolchain
 
-    source_dir = None if opts.no_source_include else os.path.dirname(name)
     found = includes.scan(
-        src,
-        source_dir=source_dir,
-        include_dirs=dirs,
-        headers=hdrs,
+        req.src,
+        source_dir=None if opts.no_source_include else os.path.dirname(req.name),
+        include_dirs=req.dirs,
+        headers=req.hdrs,
         pre_includes=opts.pre_includes,
         path_sensitive=opts.debug,
     )
     builder = KeyBuilder("kernelcache.nvrtc")
     builder.add("nvrtc", toolchain.nvrtc())
-    builder.add("source", src).add("name", name).add("arch", arch).add("target", target)
-    builder.add("options", opts.keyed).add("name_expressions", exprs)
-    builder.add("headers", hdrs).add("included", [list(row) for row in found.rows])
+    builder.add("source", req.src).add("name", req.name)
+    builder.add("arch", req.arch).add("target", req.target)
+    builder.add("options", opts.keyed).add("name_expressions", req.exprs)
+    builder.add("headers", req.hdrs).add("included", [list(row) for row in found.rows])
     builder.add("pre_includes", opts.pre_includes)
     # Debug info and __FILE__ name files by the path NVRTC saw.
     builder.add("paths", found.paths + ([os.getcwd()] if opts.debug else []))
@@ -275,49 +324,38 @@ def _key_for(
     return key
 
 
-def _compile_entry(
-    src: bytes,
-    name: str,
-    arch: str,
-    target: str,
-    opts: Options,
-    hdrs: dict[str, bytes],
-    dirs: list[str],
-    exprs: list[str],
-) -> Entry:
+def _compile_entry(req: _Request) -> Entry:
     from cuda.bindings import nvrtc as _nvrtc
 
     from kernelcache.entry import Entry
 
-    ok = _nvrtc.nvrtcResult.NVRTC_SUCCESS
+    names = [k.encode() for k in req.hdrs]
     err, prog = _nvrtc.nvrtcCreateProgram(
-        src, name.encode(), len(hdrs), list(hdrs.values()), [k.encode() for k in hdrs]
+        req.src, req.name.encode(), len(req.hdrs), list(req.hdrs.values()), names
     )
     _check(_nvrtc, err, "nvrtcCreateProgram")
     try:
-        for expr in exprs:
-            _check(
-                _nvrtc,
-                _nvrtc.nvrtcAddNameExpression(prog, expr.encode())[0],
-                "nvrtcAddNameExpression",
-            )
-        args = [f"-arch={arch}", *(f"-I{d}" for d in dirs[: len(dirs) - len(opts.include_dirs)])]
-        args += opts.passed
+        for expr in req.exprs:
+            added = _nvrtc.nvrtcAddNameExpression(prog, expr.encode())
+            _check(_nvrtc, added[0], "nvrtcAddNameExpression")
+        # include_dirs= first, then the -I options in their own place.
+        own_dirs = req.dirs[: len(req.dirs) - len(req.opts.include_dirs)]
+        args = [f"-arch={req.arch}", *(f"-I{d}" for d in own_dirs), *req.opts.passed]
         (err,) = _nvrtc.nvrtcCompileProgram(prog, len(args), [a.encode() for a in args])
         log = _program_log(_nvrtc, prog)
-        if err != ok:
-            raise NVRTCError(f"NVRTC failed to compile {name!r} ({_result_name(err)})", log)
-        binary = _binary(_nvrtc, prog, target)
+        if err != _nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise NVRTCError(f"NVRTC failed to compile {req.name!r} ({_result_name(err)})", log)
+        binary = _binary(_nvrtc, prog, req.target)
         lowered = {}
-        for expr in exprs:
+        for expr in req.exprs:
             err, raw = _nvrtc.nvrtcGetLoweredName(prog, expr.encode())
             _check(_nvrtc, err, "nvrtcGetLoweredName")
             lowered[expr] = raw.decode() if isinstance(raw, bytes) else str(raw)
     finally:
         _nvrtc.nvrtcDestroyProgram(prog)
-    meta: dict[str, Any] = {"compiler": "nvrtc", "name": name, "arch": arch, "target": target}
-    meta.update(log=log, lowered_names=lowered)
-    return Entry({_ARTIFACT[target]: binary}, meta)
+    meta: dict[str, Any] = {"compiler": "nvrtc", "name": req.name, "arch": req.arch}
+    meta.update(target=req.target, log=log, lowered_names=lowered)
+    return Entry({_ARTIFACT[req.target]: binary}, meta)
 
 
 def _result_name(err: Any) -> str:
