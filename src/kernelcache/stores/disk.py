@@ -105,6 +105,10 @@ class DiskStore(Store):
 
     # Setup -------------------------------------------------------------
     def _create_layout(self) -> None:
+        if os.path.isdir(self._shards):
+            # Created last, so the layout is complete: skip ~35 makedirs calls
+            # (~1.5 ms) on every open; the launcher opens the store per call.
+            return
         if not os.path.isdir(self.path):
             # Private to the user: a shared cache directory lets others plant binaries.
             os.makedirs(self.path, mode=0o700, exist_ok=True)
