@@ -99,11 +99,9 @@ def main(argv: list[str]) -> int:
 
 
 def _resolve_compiler(name: str) -> str:
-    if os.sep in name:
-        return name
-    import shutil
+    from kernelcache.toolchain import which
 
-    return shutil.which(name) or name
+    return name if os.sep in name else (which(name) or name)
 
 
 def _basedir() -> str | None:
@@ -113,12 +111,12 @@ def _basedir() -> str | None:
 
 def host_compiler(inv: Invocation) -> str | None:
     """The host compiler nvcc will run (``-ccbin``, ``NVCC_CCBIN``, else ``gcc``)."""
-    import shutil
+    from kernelcache.toolchain import which
 
     value = inv.ccbin or os.environ.get("NVCC_CCBIN") or "gcc"
     if os.path.isdir(value):
         return os.path.join(value, "gcc")  # what nvcc runs for a directory (checked, 13.0)
-    return value if os.sep in value else shutil.which(value)
+    return value if os.sep in value else which(value)
 
 
 def direct_key(nvcc: str, inv: Invocation, source: bytes) -> str:
@@ -366,3 +364,25 @@ def _count(settings: Settings, field: str, reason: str | None = None, saved: flo
         return
     finally:
         os.close(fd)
+
+
+def forget(argv: list[str], cache: Cache | None = None) -> int:
+    """Drop every cached result of this command line, so its next run is cold.
+
+    Returns how many entries (results and the manifest) were removed; ``0``
+    for an uncacheable command or an unreadable source.
+    """
+    inv = parse(list(argv[1:]))
+    if inv.reason is not None:
+        return 0
+    try:
+        with open(inv.source or "", "rb") as f:
+            direct = direct_key(_resolve_compiler(argv[0]), inv, f.read())
+    except OSError:
+        return 0
+    if cache is None:
+        from kernelcache.cache import Cache
+
+        cache = Cache()
+    results = [str(v.get("result")) for v in _variants(cache.get(direct))]
+    return sum(cache.delete(key) for key in [*results, direct])

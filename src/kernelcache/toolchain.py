@@ -172,11 +172,18 @@ def executable(path: str) -> str:
         return failed(exc)
 
 
+def which(name: str) -> str | None:
+    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def nvcc(path: str | None = None) -> str:
     """Identity of nvcc (``path``, or the one on ``PATH``) plus its ``nvcc.profile``."""
-    import shutil
-
-    resolved = path if path is not None and os.sep in path else shutil.which(path or "nvcc")
+    resolved = path if path is not None and os.sep in path else which(path or "nvcc")
     if resolved is None:
         return failed(FileNotFoundError())
     identity = executable(resolved)
