@@ -349,3 +349,19 @@ def test_cached_cubin_runs_on_the_gpu(tmp_path: Path) -> None:
         assert (out == host * 2).all()
     finally:
         cu.cuCtxDestroy(ctx)
+
+
+def test_threads_get_one_consistent_result(project: Path, cache: Cache) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = SOURCE + "// threads\n"
+    with ThreadPoolExecutor(6) as pool:
+        results = list(
+            pool.map(
+                lambda _: nvrtc.compile(source, name="src/t.cu", include_dirs=["inc"], cache=cache),
+                range(12),
+            )
+        )
+    assert len({r.binary for r in results}) == 1
+    assert len({r.key for r in results}) == 1
+    assert any(r.hit for r in results)

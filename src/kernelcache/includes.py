@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,7 @@ def fresh(st: os.stat_result) -> bool:
 
 # Parsed files memoised by absolute path and stat signature (this process only).
 _parsed: dict[str, tuple[tuple[int, int, int, int], Parsed]] = {}
+_parsed_lock = threading.Lock()
 
 
 def parse_file(path: str) -> tuple[Parsed, tuple[int, int, int, int], bool]:
@@ -97,9 +99,10 @@ def parse_file(path: str) -> tuple[Parsed, tuple[int, int, int, int], bool]:
         parsed = parse(f.read())
     too_fresh = fresh(st)
     if not too_fresh:
-        if len(_parsed) >= _MEMO_LIMIT:
-            _parsed.pop(next(iter(_parsed)))
-        _parsed[absolute] = (sig, parsed)
+        with _parsed_lock:  # eviction iterates the dict: not atomic across threads
+            if len(_parsed) >= _MEMO_LIMIT:
+                _parsed.pop(next(iter(_parsed)))
+            _parsed[absolute] = (sig, parsed)
     return parsed, sig, too_fresh
 
 

@@ -17,6 +17,7 @@ raise :class:`NVRTCError` with the log and are not cached.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -278,6 +279,7 @@ def compile(
 # warm call neither re-reads nor re-hashes headers (see _key_for).
 _key_memo: dict[tuple[Any, ...], tuple[str, includes.Scan]] = {}
 _KEY_MEMO_LIMIT = 1024
+_key_memo_lock = threading.Lock()
 
 
 def _key_for(req: _Request) -> str:
@@ -318,9 +320,10 @@ def _key_for(req: _Request) -> str:
     builder.add("paths", found.paths + ([os.getcwd()] if opts.debug else []))
     key = builder.hexdigest()
     if found.memoizable:
-        if len(_key_memo) >= _KEY_MEMO_LIMIT:
-            _key_memo.pop(next(iter(_key_memo)))
-        _key_memo[memo_key] = (key, found)
+        with _key_memo_lock:  # eviction iterates the dict: not atomic across threads
+            if len(_key_memo) >= _KEY_MEMO_LIMIT:
+                _key_memo.pop(next(iter(_key_memo)))
+            _key_memo[memo_key] = (key, found)
     return key
 
 
