@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc")
 
-from kernelcache import nvrtc, toolchain
+from kernelcache import includes, nvrtc, toolchain
 from kernelcache.cache import Cache
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
@@ -97,18 +97,36 @@ MUST_MATCH = [
 ]
 
 
+@pytest.fixture(params=["rescan", "memoized"])
+def scan_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run file-change tests both on a fresh scan and through the per-process key memo.
+
+    Files written by a test are seconds old at most, too fresh for their stat
+    to vouch for them, so "memoized" lifts that rule: the memo must then
+    notice every change from ``stat`` alone.
+    """
+    monkeypatch.setattr(nvrtc, "_key_memo", {})
+    monkeypatch.setattr(includes, "_parsed", {})
+    if request.param == "memoized":
+        monkeypatch.setattr(includes, "TOO_NEW_SECONDS", -1.0)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("change", MUST_DIFFER)
 def test_file_changes_that_must_change_the_key(
-    project: Path, change: Callable[[Path], None]
+    project: Path, scan_mode: str, change: Callable[[Path], None]
 ) -> None:
     _age(project)
     before = key()
+    assert bool(nvrtc._key_memo) == (scan_mode == "memoized")
     change(project)
     assert key() != before
 
 
 @pytest.mark.parametrize("change", MUST_MATCH)
-def test_file_changes_that_must_keep_the_key(project: Path, change: Callable[[Path], None]) -> None:
+def test_file_changes_that_must_keep_the_key(
+    project: Path, scan_mode: str, change: Callable[[Path], None]
+) -> None:
     _age(project)
     before = key()
     change(project)

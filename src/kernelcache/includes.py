@@ -110,14 +110,17 @@ def parse_file(path: str) -> tuple[Parsed, tuple[int, int, int, int], bool]:
 class Scan:
     """The result of scanning one compile's include graph.
 
-    ``rows`` go into the key; ``checks`` and ``absent`` let a caller revalidate
-    the scan later with ``stat`` calls only (see :func:`still_valid`).
+    ``rows`` go into the key; ``checks`` (scanned files) and ``absent`` (the
+    nearest existing directory of each candidate that did not exist) let a
+    caller revalidate the scan later with ``stat`` calls only (see
+    :func:`still_valid`). Creating a file changes its directory's mtime, so
+    one directory ``stat`` covers every missing candidate in it.
     """
 
     rows: list[tuple[str, str, bytes]] = field(default_factory=list)  # (root, path, digest)
     paths: list[str] = field(default_factory=list)  # as NVRTC spells them, for path-sensitive keys
     checks: list[tuple[str, tuple[int, int, int, int]]] = field(default_factory=list)
-    absent: list[str] = field(default_factory=list)
+    absent: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
     memoizable: bool = True
 
 
@@ -199,7 +202,7 @@ def _resolve(
         try:
             parsed, sig, too_fresh = parse_file(path)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            result.absent.append(os.path.abspath(path))
+            _guard_absent(os.path.abspath(path), result)
             continue
         result.rows.append((label, below.replace(os.sep, "/"), parsed.digest))
         result.checks.append((os.path.abspath(path), sig))
@@ -209,14 +212,32 @@ def _resolve(
         work.append((parsed, label, below, path))
 
 
+def _guard_absent(path: str, result: Scan) -> None:
+    """Record the nearest existing directory above a missing candidate."""
+    folder = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(folder)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return
+            folder = parent
+    if folder not in result.absent:
+        result.absent[folder] = _signature(st)
+        result.memoizable = result.memoizable and not fresh(st)
+
+
 def still_valid(
-    checks: Sequence[tuple[str, tuple[int, int, int, int]]], absent: Sequence[str]
+    checks: Sequence[tuple[str, tuple[int, int, int, int]]],
+    absent: Mapping[str, tuple[int, int, int, int]],
 ) -> bool:
-    """Whether every scanned file is unchanged (by stat) and every absent one still absent."""
-    for path, sig in checks:
+    """Whether no scanned file changed and no directory guarding a missing candidate did."""
+    for path, sig in [*checks, *absent.items()]:
         try:
             if _signature(os.stat(path)) != sig:
                 return False
         except OSError:
             return False
-    return not any(os.path.exists(path) for path in absent)
+    return True
