@@ -410,3 +410,28 @@ def test_compiler_path_in_first_position(
     before = launcher_stats()["hits"]
     assert cli([nvcc, *BASE[1:]]) == 0
     assert launcher_stats()["hits"] == before + 1
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({"KERNELCACHE_MAX_SIZE": "lots"}, id="bad-setting"),
+        pytest.param({"KERNELCACHE_DIR": "<file>"}, id="cache-dir-is-a-file"),
+    ],
+)
+def test_an_unusable_cache_never_fails_the_build(
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    env: dict[str, str],
+) -> None:
+    root = make_project(tmp_path / "p")
+    monkeypatch.chdir(root)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    for name, value in env.items():
+        monkeypatch.setenv(name, str(blocker) if value == "<file>" else value)
+    assert main(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"]) == 0
+    assert (root / "k.ptx").stat().st_size > 100
+    assert "cache unavailable" in capfd.readouterr().err

@@ -69,14 +69,31 @@ def main(argv: list[str]) -> int:
     nvcc = _resolve_compiler(argv[0])
     args = list(argv[1:])
     inv = parse(args)
+    from kernelcache.errors import KernelCacheError
     from kernelcache.settings import Settings
 
-    settings = Settings.load()
-    if settings.disable:
+    try:
+        settings = Settings.load()
+        if settings.disable:
+            return _run_plain(nvcc, args)
+        if inv.reason is not None:
+            _count(settings, "uncacheable", reason=inv.reason)
+            return _run_plain(nvcc, args)
+        from kernelcache.cache import Cache
+
+        cache = Cache(settings=settings)
+    except (KernelCacheError, OSError) as exc:
+        # A launcher must never be why a build fails: a bad KERNELCACHE_*
+        # value or an unusable cache directory costs the cache, not the compile.
+        print(f"kernelcache: cache unavailable, compiling without it: {exc}", file=sys.stderr)
         return _run_plain(nvcc, args)
-    if inv.reason is not None:
-        _count(settings, "uncacheable", reason=inv.reason)
-        return _run_plain(nvcc, args)
+    try:
+        return _cached(cache, settings, nvcc, args, inv)
+    finally:
+        cache.close()
+
+
+def _cached(cache: Cache, settings: Settings, nvcc: str, args: list[str], inv: Invocation) -> int:
     try:
         with open(inv.source or "", "rb") as f:
             source = f.read()
@@ -85,17 +102,11 @@ def main(argv: list[str]) -> int:
         return _run_plain(nvcc, args)
     basedir = _basedir()
     direct = direct_key(nvcc, inv, source)
-    from kernelcache.cache import Cache
-
-    cache = Cache(settings=settings)
-    try:
-        hit = _lookup(cache, direct, basedir)
-        if hit is not None and _restore(inv, hit, basedir):
-            _count(settings, "hits", saved=float(hit.meta.get("compile_seconds", 0.0)))
-            return 0
-        return _compile(cache, settings, nvcc, args, inv, direct, basedir)
-    finally:
-        cache.close()
+    hit = _lookup(cache, direct, basedir)
+    if hit is not None and _restore(inv, hit, basedir):
+        _count(settings, "hits", saved=float(hit.meta.get("compile_seconds", 0.0)))
+        return 0
+    return _compile(cache, settings, nvcc, args, inv, direct, basedir)
 
 
 def _resolve_compiler(name: str) -> str:
