@@ -17,12 +17,9 @@ from what was packed. Nothing here can execute code: no pickle, ever.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -325,6 +322,12 @@ _tmp_lock = threading.Lock()
 def _materialize_tmp(entry: Entry, name: str) -> str:
     """Write an artifact of a memory-only entry to this process's private temp dir."""
     global _tmp_dir
+    # Deferred: only memory-only entries need them, and the launcher's hit path
+    # (interpreter start-up bound) should not pay for tempfile and shutil.
+    import atexit
+    import shutil
+    import tempfile
+
     with _tmp_lock:
         if _tmp_dir is None:
             _tmp_dir = tempfile.mkdtemp(prefix="kernelcache-")  # mode 0700

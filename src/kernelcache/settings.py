@@ -7,7 +7,6 @@ a setting has the value it has.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from kernelcache.errors import ConfigError
@@ -56,9 +55,23 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
 }
 
 
-@dataclass(frozen=True)
 class Settings:
-    """Effective configuration; build it with :meth:`load`."""
+    """Effective configuration; build it with :meth:`load`.
+
+    Immutable, compared and hashed by value (``sources`` excluded). A plain
+    class, not a dataclass: see :class:`kernelcache.stores.base.Counters`.
+    """
+
+    __slots__ = (
+        "dir",
+        "disable",
+        "max_size",
+        "memory_max_size",
+        "readonly",
+        "remote",
+        "secret",
+        "sources",
+    )
 
     dir: str
     max_size: int | None
@@ -67,7 +80,44 @@ class Settings:
     disable: bool
     readonly: bool
     secret: str | None
-    sources: dict[str, str] = field(default_factory=dict, compare=False)
+    sources: dict[str, str]
+
+    def __init__(
+        self,
+        dir: str,
+        max_size: int | None,
+        memory_max_size: int | None,
+        remote: str | None,
+        disable: bool,
+        readonly: bool,
+        secret: str | None,
+        sources: dict[str, str] | None = None,
+    ) -> None:
+        values = (dir, max_size, memory_max_size, remote, disable, readonly, secret)
+        for name, value in zip(_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "sources", {} if sources is None else sources)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(
+            f"Settings are immutable; make new ones with Settings.load({name}=...)"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Settings are immutable")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Settings) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={value!r}" for name, value, _ in self._described())
+        return f"Settings({shown})"
 
     @classmethod
     def load(cls, environ: dict[str, str] | None = None, **arguments: Any) -> Settings:
@@ -94,9 +144,12 @@ class Settings:
 
     def describe(self) -> list[tuple[str, str, str]]:
         """``(name, value, source)`` rows; the secret is never shown."""
-        rows = []
+        return [(name, str(value), source) for name, value, source in self._described()]
+
+    def _described(self) -> list[tuple[str, object, str]]:
+        rows: list[tuple[str, object, str]] = []
         for name in _FIELDS:
             value = getattr(self, name)
-            shown = "<set>" if name == "secret" and value else str(value)
+            shown = "<set>" if name == "secret" and value else value
             rows.append((name, shown, self.sources.get(name, "default")))
         return rows

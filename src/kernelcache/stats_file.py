@@ -21,7 +21,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -166,7 +165,8 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
 
 def _write_json(cache_dir: str, path: str, doc: object) -> None:
     # Staging is on the same filesystem and swept of files crashed writers leave.
-    tmp = os.path.join(cache_dir, "v1", "staging", f"stats.{uuid.uuid4().hex}.tmp")
+    # A random name from os.urandom, not uuid: importing uuid pulls in platform.
+    tmp = os.path.join(cache_dir, "v1", "staging", f"stats.{os.urandom(16).hex()}.tmp")
     with open(tmp, "w", encoding="utf-8", opener=_private) as f:
         json.dump(doc, f, separators=(",", ":"))
     try:

@@ -1,0 +1,149 @@
+"""Compiler benchmarks, in one run on one machine.
+
+1. NVRTC through ``kernelcache.nvrtc.compile``: cold compile vs warm hit
+   (memory tier, in process) and disk hit (a new ``Cache`` over the same
+   directory, as a new process sees it). Target: warm >= 1000x faster.
+2. ``kernelcache nvcc``: a warm hit vs a cold nvcc compile vs the bare
+   interpreter (``python -c pass``), all as subprocesses. Wall time and CPU
+   time (user+sys of the child) are both reported: on a shared machine the
+   CPU time is the steadier of the two.
+
+Run: ``PYTHONPATH=src python benchmarks/bench_compilers.py [--repeat N]``.
+Uses a temporary cache directory (KERNELCACHE_DIR is overridden).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+KERNELS = ("vector_add.cu", "saxpy.cu", "reduction.cu")
+
+
+def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_nvrtc(arch: str, repeat: int) -> None:
+    from kernelcache import nvrtc
+    from kernelcache.cache import Cache
+    from kernelcache.stores.disk import DiskStore
+    from kernelcache.stores.memory import MemoryStore
+
+    print("NVRTC (kernelcache.nvrtc.compile), median of runs")
+    columns = ("cold ms", "memory hit us", "disk hit us", "cold/mem", "cold/disk")
+    print(f"{'kernel':<15}" + "".join(f" {c:>13}" for c in columns))
+    nvrtc.compile("__global__ void warmup() {}", arch=arch, cache=Cache([MemoryStore()]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in KERNELS:
+            source = (EXAMPLES / name).read_text()
+            kwargs: dict[str, Any] = {"name": name, "arch": arch, "include_dirs": [str(EXAMPLES)]}
+
+            def cold(source: str = source, kwargs: dict[str, Any] = kwargs) -> None:
+                result = nvrtc.compile(source, cache=Cache([MemoryStore()]), **kwargs)
+                assert not result.hit
+
+            cold_s = median_seconds(cold, 5)
+            cache = Cache([MemoryStore(), DiskStore(os.path.join(tmp, "c"))])
+            nvrtc.compile(source, cache=cache, **kwargs)
+            warm_s = median_seconds(lambda: nvrtc.compile(source, cache=cache, **kwargs), repeat)  # noqa: B023
+
+            def disk(source: str = source, kwargs: dict[str, Any] = kwargs) -> None:
+                with Cache([MemoryStore(), DiskStore(os.path.join(tmp, "c"))]) as fresh:
+                    assert nvrtc.compile(source, cache=fresh, **kwargs).hit
+
+            disk_s = median_seconds(disk, max(5, repeat // 20))
+            print(
+                f"{name:<15} {cold_s * 1e3:>13.1f} {warm_s * 1e6:>13.1f} {disk_s * 1e6:>13.1f}"
+                f" {cold_s / warm_s:>12.0f}x {cold_s / disk_s:>12.0f}x"
+            )
+
+
+def run_child(command: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall, cpu) seconds of one child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(command, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def measure(command: list[str], env: dict[str, str], cwd: str, repeat: int) -> tuple[float, float]:
+    runs = [run_child(command, env, cwd) for _ in range(repeat)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def bench_launcher(arch: str, repeat: int) -> None:
+    from kernelcache import nvcc
+
+    python = sys.executable
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["KERNELCACHE_DIR"] = os.path.join(tmp, "cache")
+        env["PYTHONPATH"] = str(ROOT / "src")
+        os.environ["KERNELCACHE_DIR"] = env["KERNELCACHE_DIR"]
+        argv = ["nvcc", f"-arch={arch}", "-cubin", f"-I{EXAMPLES}", str(EXAMPLES / "saxpy.cu")]
+        argv += ["-o", "saxpy.cubin", "-MD", "-MF", "saxpy.d"]
+        script = "import sys; from kernelcache.__main__ import main; sys.exit(main())"
+        rows: list[tuple[str, float, float]] = []
+        rows.append(("python -c pass", *measure([python, "-c", "pass"], env, tmp, repeat)))
+        rows.append(("plain nvcc (cold)", *measure(argv, env, tmp, 3)))
+        # Launcher misses: forget the entries before each run.
+        misses = []
+        for _ in range(3):
+            nvcc.forget(argv)
+            misses.append(run_child([python, "-m", "kernelcache", *argv], env, tmp))
+        rows.append(("kernelcache nvcc, miss", *map(statistics.median, zip(*misses, strict=True))))
+        # Populate __pycache__ once, then time hits as a console script and with -m.
+        run_child([python, "-c", script, *argv], env, tmp)
+        rows.append(
+            ("kernelcache nvcc, hit", *measure([python, "-c", script, *argv], env, tmp, repeat))
+        )
+        rows.append(
+            ("  same, python -m", *measure([python, "-m", "kernelcache", *argv], env, tmp, repeat))
+        )
+        stats = nvcc.launcher_stats()
+    print(f"\n`kernelcache nvcc` (saxpy.cu -cubin -MD), median of {repeat} runs (3 for compiles)")
+    print(f"{'':<24} {'wall ms':>9} {'cpu ms':>9}")
+    for label, wall, cpu in rows:
+        print(f"{label:<24} {wall * 1e3:>9.1f} {cpu * 1e3:>9.1f}")
+    base, cold, hit = rows[0], rows[1], rows[3]
+    print(
+        f"cold nvcc / hit: {cold[1] / hit[1]:.0f}x wall, {cold[2] / hit[2]:.0f}x cpu;"
+        f"  hit / python start-up: {hit[1] / base[1]:.1f}x wall, {hit[2] / base[2]:.1f}x cpu"
+    )
+    print(f"launcher stats: {stats}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", default="sm_90")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+    print(
+        f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
+    bench_nvrtc(args.arch, args.repeat * 50)
+    bench_launcher(args.arch, args.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

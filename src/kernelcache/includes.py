@@ -1,0 +1,243 @@
+"""Which headers a CUDA source includes, found by scanning ``#include`` directives.
+
+NVRTC 13.5 has no dependency output (``-M``, ``-MD`` and ``--dependency-output``
+are rejected as unrecognised options), so the NVRTC key scans the source and
+every header it reaches, transitively, with the search rules NVRTC follows:
+
+- a quoted include is looked up in the including file's directory (for the
+  main source: the directory of its ``name``, i.e. the working directory for
+  a bare name, unless ``--no-source-include``), then in the ``-I`` directories;
+- an angle include is looked up in the ``-I`` directories only;
+- in-memory headers (``headers=``) match by include name.
+
+The scan over-approximates and never under-approximates: every existing
+candidate for an include is hashed, not only the first (so a slip in modelling
+NVRTC's search order costs a spurious miss, never a stale hit); includes in
+inactive ``#if`` branches and comments count; ``__has_include`` names count.
+A header chosen by macro (``#include MACRO``) cannot be found without a
+preprocessor and raises ``ValueError``.
+
+Files are identified in keys by *logical location* (search root label and the
+path below it), never by absolute path, so a copy of a project in another
+directory gives the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
+_COMPUTED = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]+([^<"\s][^\r\n]*)', re.M)
+_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\r\n]+)[>"]\s*\)')
+#: Markers of path-dependent output: the file's path as NVRTC spells it ends up
+#: in the binary, so it must be in the key.
+_PATH_MACROS = (b"__FILE__", b"__FILE_NAME__")
+#: See toolchain.TOO_NEW_SECONDS: a file this fresh may be edited again within
+#: the filesystem's timestamp granularity, so its stat cannot vouch for its content.
+TOO_NEW_SECONDS = 2.0
+_MEMO_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """What one file contributes: its digest and the includes it names."""
+
+    digest: bytes
+    includes: tuple[tuple[str, str], ...]  # (delimiter, spelling)
+    computed: tuple[str, ...]
+    path_sensitive: bool
+
+
+def parse(content: bytes) -> Parsed:
+    includes = [
+        (m.group(1).decode(), os.fsdecode(m.group(2).strip())) for m in _INCLUDE.finditer(content)
+    ]
+    includes += [
+        (m.group(1).decode(), os.fsdecode(m.group(2).strip()))
+        for m in _HAS_INCLUDE.finditer(content)
+    ]
+    computed = tuple(
+        m.group(1).decode("utf-8", "replace").strip() for m in _COMPUTED.finditer(content)
+    )
+    return Parsed(
+        digest=hashlib.sha256(content).digest(),
+        includes=tuple(dict.fromkeys(includes)),
+        computed=computed,
+        path_sensitive=any(marker in content for marker in _PATH_MACROS),
+    )
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def fresh(st: os.stat_result) -> bool:
+    """Whether a file changed too recently for its stat to vouch for its content."""
+    return time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 <= TOO_NEW_SECONDS
+
+
+# Parsed files memoised by absolute path and stat signature (this process only).
+_parsed: dict[str, tuple[tuple[int, int, int, int], Parsed]] = {}
+_parsed_lock = threading.Lock()
+
+
+def parse_file(path: str) -> tuple[Parsed, tuple[int, int, int, int], bool]:
+    """Parse ``path``; returns the result, its stat signature and whether it was too fresh."""
+    st = os.stat(path)
+    sig = _signature(st)
+    absolute = os.path.abspath(path)
+    known = _parsed.get(absolute)
+    if known is not None and known[0] == sig:
+        return known[1], sig, False
+    with open(path, "rb") as f:
+        parsed = parse(f.read())
+    too_fresh = fresh(st)
+    if not too_fresh:
+        with _parsed_lock:  # eviction iterates the dict: not atomic across threads
+            if len(_parsed) >= _MEMO_LIMIT:
+                _parsed.pop(next(iter(_parsed)))
+            _parsed[absolute] = (sig, parsed)
+    return parsed, sig, too_fresh
+
+
+@dataclass
+class Scan:
+    """The result of scanning one compile's include graph.
+
+    ``rows`` go into the key; ``checks`` (scanned files) and ``absent`` (the
+    nearest existing directory of each candidate that did not exist) let a
+    caller revalidate the scan later with ``stat`` calls only (see
+    :func:`still_valid`). Creating a file changes its directory's mtime, so
+    one directory ``stat`` covers every missing candidate in it.
+    """
+
+    rows: list[tuple[str, str, bytes]] = field(default_factory=list)  # (root, path, digest)
+    paths: list[str] = field(default_factory=list)  # as NVRTC spells them, for path-sensitive keys
+    checks: list[tuple[str, tuple[int, int, int, int]]] = field(default_factory=list)
+    absent: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    memoizable: bool = True
+
+
+def scan(
+    source: bytes,
+    *,
+    source_dir: str | None,
+    include_dirs: Sequence[str],
+    headers: Mapping[str, bytes],
+    pre_includes: Sequence[str] = (),
+    path_sensitive: bool = False,
+) -> Scan:
+    """Scan ``source`` and everything it reaches; see the module docstring.
+
+    ``source_dir`` is the directory NVRTC searches for the main source's
+    quoted includes (``""`` for the working directory, ``None`` when
+    ``--no-source-include`` is given). With ``path_sensitive`` every file's
+    spelled path goes into the key (debug info names them).
+    """
+    roots: dict[str, str] = {f"I{i}": d for i, d in enumerate(include_dirs)}
+    if source_dir is not None:
+        roots["src"] = source_dir
+    result = Scan()
+    seen: set[tuple[str, str]] = set()
+    # Work items: (parsed file, its root label or None for in-memory, its path below the root).
+    work: list[tuple[Parsed, str | None, str, str]] = [
+        (parse(source), "src" if source_dir is not None else None, "", "<source>")
+    ]
+    for name in pre_includes:
+        found = len(result.rows)
+        main_root = "src" if source_dir is not None else None
+        _resolve(('"', name), main_root, "", roots, headers, work, seen, result, path_sensitive)
+        if name not in headers and len(result.rows) == found:
+            raise ValueError(
+                f"pre-included header {name!r} is neither in headers= nor in include_dirs, "
+                "so its content cannot be part of the key; pass it in headers="
+            )
+    while work:
+        parsed, root, rel, where = work.pop()
+        if parsed.computed:
+            raise ValueError(
+                f"{where} includes a header chosen by a macro (#include {parsed.computed[0]}); "
+                "kernelcache cannot tell which file that is without a preprocessor, so it "
+                "cannot key this compile: spell the header name out"
+            )
+        for include in parsed.includes:
+            _resolve(include, root, rel, roots, headers, work, seen, result, path_sensitive)
+    result.rows.sort()
+    return result
+
+
+def _resolve(
+    include: tuple[str, str],
+    root: str | None,
+    rel: str,
+    roots: Mapping[str, str],
+    headers: Mapping[str, bytes],
+    work: list[tuple[Parsed, str | None, str, str]],
+    seen: set[tuple[str, str]],
+    result: Scan,
+    path_sensitive: bool,
+) -> None:
+    delimiter, spelling = include
+    if spelling in headers and ("mem", spelling) not in seen:
+        seen.add(("mem", spelling))
+        # NVRTC looks up an in-memory header's quoted includes next to its
+        # name, relative to the working directory (checked with NVRTC 13.5).
+        work.append((parse(headers[spelling]), "cwd", spelling, spelling))
+    candidates: list[tuple[str, str]] = []
+    if delimiter == '"' and root is not None:
+        candidates.append((root, os.path.normpath(os.path.join(os.path.dirname(rel), spelling))))
+    candidates += [(label, os.path.normpath(spelling)) for label in roots if label.startswith("I")]
+    for label, below in candidates:
+        if (label, below) in seen:
+            continue
+        seen.add((label, below))
+        base = "" if label == "cwd" else roots[label]
+        path = os.path.join(base, below) if base else below
+        try:
+            parsed, sig, too_fresh = parse_file(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            _guard_absent(os.path.abspath(path), result)
+            continue
+        result.rows.append((label, below.replace(os.sep, "/"), parsed.digest))
+        result.checks.append((os.path.abspath(path), sig))
+        result.memoizable = result.memoizable and not too_fresh
+        if path_sensitive or parsed.path_sensitive:
+            result.paths.append(path)
+        work.append((parsed, label, below, path))
+
+
+def _guard_absent(path: str, result: Scan) -> None:
+    """Record the nearest existing directory above a missing candidate."""
+    folder = os.path.dirname(path)
+    while True:
+        try:
+            st = os.stat(folder)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return
+            folder = parent
+    if folder not in result.absent:
+        result.absent[folder] = _signature(st)
+        result.memoizable = result.memoizable and not fresh(st)
+
+
+def still_valid(
+    checks: Sequence[tuple[str, tuple[int, int, int, int]]],
+    absent: Mapping[str, tuple[int, int, int, int]],
+) -> bool:
+    """Whether no scanned file changed and no directory guarding a missing candidate did."""
+    for path, sig in [*checks, *absent.items()]:
+        try:
+            if _signature(os.stat(path)) != sig:
+                return False
+        except OSError:
+            return False
+    return True

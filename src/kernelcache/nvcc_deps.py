@@ -1,0 +1,140 @@
+"""Dependency files and manifests for the nvcc launcher.
+
+nvcc reports every file a compile read (``-MD -MF``, make syntax). The
+launcher records them in a *manifest* stored under the *direct key* (compiler,
+arguments, source content, environment): a list of variants, each the
+dependency files with their content digests and the key of the result they
+produced. A later call with the same direct key checks the files of each
+variant (a ``stat`` per file when its signature is unchanged, a content hash
+otherwise) and, when all match, restores that result without running nvcc or
+its preprocessor (ccache's "direct mode").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kernelcache.nvcc_args import BASE_TOKEN, normalize_path
+
+#: Variants kept per manifest (newest first): enough for a few header states
+#: per source, bounded so a manifest stays small.
+MAX_VARIANTS = 8
+#: A dependency whose mtime or ctime is this close to the compile's start may
+#: have changed during the compile (timestamps are coarser than the clock):
+#: the result is not cached (ccache: "include file modified during compilation").
+RACE_SLOP_NS = 20_000_000
+#: Files changed this recently are recorded without a stat signature, so the
+#: next call hashes their content ("file too new" in ccache).
+TOO_NEW_NS = 2_000_000_000
+
+
+def parse_depfile(text: bytes) -> tuple[bytes, list[str]]:
+    """``(target, dependencies)`` of the first rule of a make-style dependency file."""
+    joined = text.replace(b"\\\r\n", b" ").replace(b"\\\n", b" ")
+    first = joined.split(b"\n", 1)[0]
+    target, sep, rest = first.partition(b": ")
+    if not sep:
+        target, sep, rest = first.partition(b":")
+    if not sep:
+        raise ValueError("dependency file has no rule")
+    deps = [_unescape(tok) for tok in re.findall(rb"(?:\\.|[^\s\\])+", rest)]
+    return target.strip(), [os.fsdecode(d) for d in deps]
+
+
+def _unescape(token: bytes) -> bytes:
+    return re.sub(rb"\\(.)", rb"\1", token).replace(b"$$", b"$")
+
+
+def strip_target(text: bytes, target: str) -> bytes | None:
+    """The dependency file without its leading ``target``, or ``None`` if it does not start so."""
+    prefix = os.fsencode(target)
+    if text.startswith(prefix) and text[len(prefix) : len(prefix) + 1] in (b" ", b":"):
+        return text[len(prefix) :]
+    return None
+
+
+def to_stored(text: bytes, basedir: str | None) -> bytes:
+    """Replace ``basedir`` at the start of paths with a token (see ``from_stored``)."""
+    if not basedir:
+        return text
+    prefix = re.escape(os.fsencode(basedir + os.sep))
+    return re.sub(rb"(?<![^\s:])" + prefix, BASE_TOKEN.encode(), text)
+
+
+def from_stored(text: bytes, basedir: str | None) -> bytes:
+    """The dependency file as nvcc would have written it in this directory."""
+    if BASE_TOKEN.encode() not in text:
+        return text
+    if not basedir:
+        raise ValueError("stored dependency file needs KERNELCACHE_BASEDIR")
+    return text.replace(BASE_TOKEN.encode(), os.fsencode(basedir + os.sep))
+
+
+def _signature(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve(stored: str, basedir: str | None) -> str | None:
+    """The real path of a dependency as recorded (``None`` if it needs a basedir we lack)."""
+    if stored.startswith(BASE_TOKEN):
+        return os.path.join(basedir, stored[len(BASE_TOKEN) :]) if basedir else None
+    return stored
+
+
+def record(deps: Sequence[str], basedir: str | None, started_ns: int) -> list[list[Any]] | None:
+    """Digest every dependency after a compile; ``None`` if one changed during it."""
+    rows: list[list[Any]] = []
+    now = time.time_ns()
+    for path in dict.fromkeys(deps):
+        before = os.stat(path)
+        digest = _sha256(path)
+        after = os.stat(path)
+        newest = max(after.st_mtime_ns, after.st_ctime_ns)
+        if _signature(before) != _signature(after) or newest >= started_ns - RACE_SLOP_NS:
+            return None
+        sig = _signature(after) if now - newest > TOO_NEW_NS else None
+        rows.append([normalize_path(path, basedir), digest, sig])
+    return rows
+
+
+def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
+    """Whether every recorded dependency still has its recorded content."""
+    for stored, digest, sig in rows:
+        path = resolve(stored, basedir)
+        if path is None:
+            return False
+        try:
+            st = os.stat(path)
+            if sig is not None and _signature(st) == sig:
+                continue
+            if _sha256(path) != digest:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def result_rows(rows: Sequence[Sequence[Any]]) -> list[list[str]]:
+    """The part of a variant that goes into the result key: paths and contents."""
+    return [[str(stored), str(digest)] for stored, digest, _sig in rows]
+
+
+def add_variant(
+    variants: list[dict[str, Any]], rows: list[list[Any]], result: str
+) -> list[dict[str, Any]]:
+    """``variants`` with ``(rows, result)`` first and older duplicates of ``result`` dropped."""
+    kept = [v for v in variants if v.get("result") != result]
+    return [{"deps": rows, "result": result}, *kept][:MAX_VARIANTS]

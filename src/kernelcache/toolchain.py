@@ -1,0 +1,283 @@
+"""Toolchain probes: stable strings naming the compiler that produced a binary.
+
+Each probe returns a string to put into a key field. The same toolchain gives
+the same string in every process and on every machine (versions and content
+hashes, never paths or timestamps); a probe that cannot run returns
+``probe_failed:<ExceptionName>``, so a broken environment never shares keys
+with a working one and keys stay stable across repeated failing calls.
+
+Content hashes of large files (``libnvrtc.so`` is ~140 MB, ``nvcc``) are
+memoised in a small JSON file under the cache directory, keyed by path and
+``stat`` signature (size, mtime, ctime, inode), so the ``kernelcache nvcc``
+hit path does not re-hash the compiler on every call. Everything heavy is
+imported lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import re
+import time
+from typing import Any
+
+#: Name of the memo file under the cache directory.
+MEMO_FILE = "toolchain-probes.json"
+_MEMO_VERSION = 1
+#: A file modified this recently is hashed but not memoised: an edit within the
+#: filesystem's timestamp granularity could keep size and mtime (ccache's
+#: "file too new" rule).
+TOO_NEW_SECONDS = 2.0
+_PROBE_ERRORS = (ImportError, OSError, RuntimeError, ValueError)
+
+_memo: dict[str, Any] | None = None
+_memo_path: str | None = None
+
+
+def failed(exc: BaseException) -> str:
+    """The key string of a probe that raised ``exc``."""
+    return f"probe_failed:{type(exc).__name__}"
+
+
+def _signature(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _trustworthy(st: os.stat_result) -> bool:
+    newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
+    return time.time() - newest > TOO_NEW_SECONDS
+
+
+def memo_path() -> str:
+    """Where probe results are memoised (``<cache dir>/toolchain-probes.json``)."""
+    from kernelcache.settings import Settings
+
+    return os.path.join(Settings.load().dir, MEMO_FILE)
+
+
+def _load_memo() -> dict[str, Any]:
+    global _memo, _memo_path
+    path = memo_path()
+    if _memo is None or _memo_path != path:
+        _memo_path = path
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+        except (OSError, ValueError):
+            data = None  # missing or damaged: start afresh, it is only a memo
+        if not isinstance(data, dict) or data.get("version") != _MEMO_VERSION:
+            data = {"version": _MEMO_VERSION, "files": {}, "executables": {}}
+        _memo = data
+    return _memo
+
+
+def _save_memo(memo: dict[str, Any]) -> None:
+    """Write the memo atomically; a failure only costs a re-hash later."""
+    path = _memo_path or memo_path()
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(memo, f, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 of a file's content, memoised on disk by real path and stat signature."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    memo = _load_memo()
+    known = memo["files"].get(real)
+    if known is not None and known.get("sig") == _signature(st):
+        return str(known["sha256"])
+    digest = _sha256_file(real)
+    if _trustworthy(st):
+        memo["files"][real] = {"sig": _signature(st), "sha256": digest}
+        _save_memo(memo)
+    return digest
+
+
+def _script_targets(path: str) -> list[str]:
+    """Absolute paths of existing files a wrapper script refers to.
+
+    ``/usr/local/bin/nvcc`` is often ``exec /usr/local/cuda-X/bin/nvcc "$@"``:
+    hashing only the script would keep the identity when the toolkit it
+    points at is replaced, so the files it names are hashed too.
+    """
+    with open(path, "rb") as f:
+        head = f.read(65536)
+    if not head.startswith(b"#!"):
+        return []
+    found = []
+    for raw in re.findall(rb"(/[\w.+\-/]+)", head[2:]):
+        candidate = os.fsdecode(raw)
+        if os.path.isfile(candidate) and candidate not in found:
+            found.append(candidate)
+    return found[:8]
+
+
+def _run_version(path: str) -> str:
+    import subprocess  # deferred: the launcher's hit path never runs it
+
+    try:
+        proc = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.SubprocessError as exc:
+        raise RuntimeError(f"{path} --version did not finish: {exc}") from exc
+    output = (proc.stdout + proc.stderr).decode("utf-8", "replace").strip()
+    return f"rc={proc.returncode}\n{output}"
+
+
+def executable(path: str) -> str:
+    """Identity of a compiler executable: its ``--version`` output and content hashes.
+
+    Memoised on disk by path and the stat signatures of the file (and of the
+    files a wrapper script names), so a hit costs a few ``stat`` calls.
+    """
+    try:
+        real = os.path.realpath(path)
+        targets = _script_targets(real)
+        sigs = [_signature(os.stat(p)) for p in [real, *targets]]
+        memo = _load_memo()
+        known = memo["executables"].get(real)
+        if known is not None and known.get("sigs") == sigs:
+            return str(known["identity"])
+        version = _run_version(real)
+        digests = [file_digest(p) for p in [real, *targets]]
+        identity = f"{os.path.basename(real)}\n{version}\nsha256:{','.join(digests)}"
+        if all(_trustworthy(os.stat(p)) for p in [real, *targets]):
+            memo["executables"][real] = {"sigs": sigs, "identity": identity}
+            _save_memo(memo)
+        return identity
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
+
+
+def which(name: str) -> str | None:
+    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def nvcc(path: str | None = None) -> str:
+    """Identity of nvcc (``path``, or the one on ``PATH``) plus its ``nvcc.profile``."""
+    resolved = path if path is not None and os.sep in path else which(path or "nvcc")
+    if resolved is None:
+        return failed(FileNotFoundError())
+    identity = executable(resolved)
+    if identity.startswith("probe_failed:"):
+        return identity
+    # nvcc.profile next to the real binary sets include and library paths; a
+    # wrapper script's target is the real binary.
+    real = os.path.realpath(resolved)
+    binaries = [real] + [p for p in _script_targets(real) if os.path.basename(p) == "nvcc"]
+    for binary in binaries:
+        profile = os.path.join(os.path.dirname(os.path.realpath(binary)), "nvcc.profile")
+        if os.path.isfile(profile):
+            identity += f"\nprofile:{file_digest(profile)}"
+    return identity
+
+
+def _loaded_library(fragment: str) -> str | None:
+    """Path of a shared library loaded in this process whose name contains ``fragment``."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rsplit(None, 1)[-1]
+                if fragment in os.path.basename(path) and path.startswith("/"):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+@functools.cache
+def nvrtc() -> str:
+    """NVRTC's version from the library itself, plus the content hash of the library."""
+    try:
+        from cuda.bindings import nvrtc as _nvrtc
+
+        err, major, minor = _nvrtc.nvrtcVersion()
+        if err != _nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"nvrtcVersion failed: {err}")
+        identity = f"nvrtc {major}.{minor}"
+        # major.minor is shared by patch releases that can change codegen.
+        library = _loaded_library("libnvrtc.so")
+        if library is not None:
+            identity += f" sha256:{file_digest(library)}"
+        return identity
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
+
+
+def _cuda_call(result: tuple[Any, ...]) -> Any:
+    from cuda.bindings import driver as _driver
+
+    err, *values = result
+    if err != _driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA driver call failed: {err}")
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def driver() -> str:
+    """The CUDA driver's version (``cuDriverGetVersion``)."""
+    try:
+        from cuda.bindings import driver as _driver
+
+        return f"cuda-driver {_cuda_call(_driver.cuDriverGetVersion())}"
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
+
+
+@functools.cache
+def gpu_arch(device: int = 0) -> str:
+    """The compute capability of GPU ``device`` as ``sm_XY``."""
+    try:
+        from cuda.bindings import driver as _driver
+
+        _cuda_call(_driver.cuInit(0))
+        dev = _cuda_call(_driver.cuDeviceGet(device))
+        attr = _driver.CUdevice_attribute
+        major = _cuda_call(
+            _driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
+        )
+        minor = _cuda_call(
+            _driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
+        )
+        return f"sm_{major}{minor}"
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
+
+
+@functools.cache
+def triton() -> str:
+    """Triton's installed version (from package metadata: importing triton takes a second)."""
+    try:
+        from importlib.metadata import version
+
+        return f"triton {version('triton')}"
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
