@@ -435,3 +435,18 @@ def test_an_unusable_cache_never_fails_the_build(
     assert main(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"]) == 0
     assert (root / "k.ptx").stat().st_size > 100
     assert "cache unavailable" in capfd.readouterr().err
+
+
+def test_kernelcache_stats_reports_the_launcher(warm_project: Path, workspace: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    assert launch(["nvcc", "--version"]) == (0, "uncacheable")
+    cmd = [sys.executable, "-m", "kernelcache", "--dir", str(workspace / "cache"), "stats"]
+    report = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, check=True).stdout)
+    launcher = report["nvcc_launcher"]
+    assert launcher["hits"] >= 1 and launcher["misses"] >= 1
+    assert launcher["reasons"]["--version"] >= 1
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "nvcc launcher (lifetime): hits" in text and "--version" in text

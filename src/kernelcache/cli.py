@@ -176,6 +176,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     }
     for name in ("period", "lifetime"):
         report[name] = _complete(totals[name])
+    from kernelcache.nvcc import launcher_stats
+
+    report["nvcc_launcher"] = launcher_stats(settings)
     if args.json:
         print_json(report)
     else:
@@ -255,6 +258,17 @@ def _stats_text(report: dict[str, Any]) -> str:
             f"failed {comp['compile_errors']}, waited for another's compile "
             f"{comp['flight_waits']}, lock timeouts {comp['lock_timeouts']}"
         )
+    launcher = report.get("nvcc_launcher") or {}
+    if launcher:
+        counts = ", ".join(
+            f"{n} {launcher.get(n, 0)}" for n in ("hits", "misses", "uncacheable", "failed")
+        )
+        lines += [
+            "",
+            f"nvcc launcher (lifetime): {counts}, saved {launcher.get('seconds_saved', 0):.1f} s",
+        ]
+        for reason, n in sorted(launcher.get("reasons", {}).items(), key=lambda item: -item[1]):
+            lines.append(f"  uncacheable: {n:>6}  {reason}")
     return "\n".join(lines)
 
 
