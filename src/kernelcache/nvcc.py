@@ -27,7 +27,6 @@ imported on the hit path; ``subprocess`` and ``tempfile`` only on a miss.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
@@ -205,14 +204,14 @@ def host_compiler(inv: Invocation) -> str | None:
 def direct_key(nvcc: str, inv: Invocation, source: bytes) -> str:
     """The key of everything known before compiling (see the module docstring)."""
     from kernelcache import toolchain
-    from kernelcache.keys import KeyBuilder
+    from kernelcache.keys import KeyBuilder, sha256
 
     host = host_compiler(inv)
     builder = KeyBuilder("kernelcache.nvcc.direct")
     builder.add("nvcc", toolchain.nvcc(nvcc))
     builder.add("host", toolchain.executable(host) if host else "probe_failed:FileNotFoundError")
     builder.add("args", inv.keyed)
-    builder.add("source", hashlib.sha256(source).digest())
+    builder.add("source", sha256(source).digest())
     builder.add("env", {name: os.environ.get(name) for name in ENV_VARS})
     builder.add("cwd", os.getcwd() if inv.debug else None)
     return builder.hexdigest()

@@ -12,13 +12,13 @@ its preprocessor (ccache's "direct mode").
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from kernelcache.keys import file_sha256 as _sha256
 from kernelcache.nvcc_args import BASE_TOKEN, normalize_path
 
 #: Variants kept per manifest (newest first): enough for a few header states
@@ -77,14 +77,6 @@ def from_stored(text: bytes, basedir: str | None) -> bytes:
 
 def _signature(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def resolve(stored: str, basedir: str | None) -> str | None:
