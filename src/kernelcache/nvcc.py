@@ -27,20 +27,24 @@ imported on the hit path; ``subprocess`` and ``tempfile`` only on a miss.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 from kernelcache import nvcc_deps
 from kernelcache.nvcc_args import Invocation, parse
 
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from kernelcache.cache import Cache
     from kernelcache.entry import Entry
     from kernelcache.settings import Settings
+    from kernelcache.stores.disk import DiskStore
 
 #: Environment variables that change what nvcc (or the gcc it runs) produces.
 #: PATH itself is not keyed: the host compiler it resolves to is, by identity.
@@ -79,21 +83,50 @@ def main(argv: list[str]) -> int:
         if inv.reason is not None:
             _count(settings, "uncacheable", reason=inv.reason)
             return _run_plain(nvcc, args)
-        from kernelcache.cache import Cache
-
-        cache = Cache(settings=settings)
+        # Without a remote tier a hit can only come from the local disk tier:
+        # open that alone, and the full Cache (memory tier, statistics
+        # recorder, single-flight) only on a miss. With a remote tier the
+        # Cache is opened up front as before, so a bad remote setting still
+        # shows here, before any work.
+        disk = _disk_tier(settings) if not settings.remote else None
+        cache = _open_cache(settings) if disk is None else None
     except (KernelCacheError, OSError) as exc:
-        # A launcher must never be why a build fails: a bad KERNELCACHE_*
-        # value or an unusable cache directory costs the cache, not the compile.
-        print(f"kernelcache: cache unavailable, compiling without it: {exc}", file=sys.stderr)
-        return _run_plain(nvcc, args)
+        return _without_cache(nvcc, args, exc)
     try:
-        return _cached(cache, settings, nvcc, args, inv)
+        return _cached(disk, cache, settings, nvcc, args, inv)
     finally:
-        cache.close()
+        if disk is not None:
+            disk.close()
 
 
-def _cached(cache: Cache, settings: Settings, nvcc: str, args: list[str], inv: Invocation) -> int:
+def _disk_tier(settings: Settings) -> DiskStore:
+    """The disk tier exactly as :func:`kernelcache.cache.default_tiers` builds it."""
+    from kernelcache.stores.disk import DiskStore
+
+    return DiskStore(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly)
+
+
+def _open_cache(settings: Settings) -> Cache:
+    from kernelcache.cache import Cache
+
+    return Cache(settings=settings)
+
+
+def _without_cache(nvcc: str, args: list[str], exc: BaseException) -> int:
+    # A launcher must never be why a build fails: a bad KERNELCACHE_*
+    # value or an unusable cache directory costs the cache, not the compile.
+    print(f"kernelcache: cache unavailable, compiling without it: {exc}", file=sys.stderr)
+    return _run_plain(nvcc, args)
+
+
+def _cached(
+    disk: DiskStore | None,
+    cache: Cache | None,
+    settings: Settings,
+    nvcc: str,
+    args: list[str],
+    inv: Invocation,
+) -> int:
     try:
         with open(inv.source or "", "rb") as f:
             source = f.read()
@@ -102,11 +135,51 @@ def _cached(cache: Cache, settings: Settings, nvcc: str, args: list[str], inv: I
         return _run_plain(nvcc, args)
     basedir = _basedir()
     direct = direct_key(nvcc, inv, source)
-    hit = _lookup(cache, direct, basedir)
-    if hit is not None and _restore(inv, hit, basedir):
-        _count(settings, "hits", saved=float(hit.meta.get("compile_seconds", 0.0)))
+    if disk is not None and _disk_hit(disk, settings, inv, direct, basedir):
         return 0
-    return _compile(cache, settings, nvcc, args, inv, direct, basedir)
+    if cache is None:
+        from kernelcache.errors import KernelCacheError
+
+        try:
+            cache = _open_cache(settings)
+        except (KernelCacheError, OSError) as exc:
+            return _without_cache(nvcc, args, exc)
+    try:
+        hit = _lookup(cache.get, direct, basedir)
+        if hit is not None and _restore(inv, hit[1], basedir):
+            _count(settings, "hits", saved=float(hit[1].meta.get("compile_seconds", 0.0)))
+            return 0
+        return _compile(cache, settings, nvcc, args, inv, direct, basedir)
+    finally:
+        cache.close()
+
+
+def _disk_hit(
+    disk: DiskStore, settings: Settings, inv: Invocation, direct: str, basedir: str | None
+) -> bool:
+    """Serve a hit from the disk tier alone; ``False`` leaves the call to the full Cache.
+
+    Records the statistics the Cache would have recorded for the same two
+    disk hits (its memory tier is empty in a new process, so they are disk
+    hits there too). On ``False`` nothing is recorded: the Cache looks again
+    and counts what it finds, as if this lookup had not happened.
+    """
+    from kernelcache.errors import StoreError
+    from kernelcache.stats import Recorder
+
+    recorder = Recorder([disk], disk.path)
+    try:
+        hit = _lookup(disk.get, direct, basedir)
+    except StoreError:
+        return False  # counted by the Cache's own look, if its tier fails again
+    if hit is None or not _restore(inv, hit[1], basedir):
+        return False
+    manifest, result = hit
+    recorder.hit(0, direct, manifest)
+    recorder.hit(0, result.key or "", result)
+    recorder.flush()
+    _count(settings, "hits", saved=float(result.meta.get("compile_seconds", 0.0)))
+    return True
 
 
 def _resolve_compiler(name: str) -> str:
@@ -133,14 +206,14 @@ def host_compiler(inv: Invocation) -> str | None:
 def direct_key(nvcc: str, inv: Invocation, source: bytes) -> str:
     """The key of everything known before compiling (see the module docstring)."""
     from kernelcache import toolchain
-    from kernelcache.keys import KeyBuilder
+    from kernelcache.keys import KeyBuilder, sha256
 
     host = host_compiler(inv)
     builder = KeyBuilder("kernelcache.nvcc.direct")
     builder.add("nvcc", toolchain.nvcc(nvcc))
     builder.add("host", toolchain.executable(host) if host else "probe_failed:FileNotFoundError")
     builder.add("args", inv.keyed)
-    builder.add("source", hashlib.sha256(source).digest())
+    builder.add("source", sha256(source).digest())
     builder.add("env", {name: os.environ.get(name) for name in ENV_VARS})
     builder.add("cwd", os.getcwd() if inv.debug else None)
     return builder.hexdigest()
@@ -167,12 +240,16 @@ def _variants(manifest: Entry | None) -> list[dict[str, Any]]:
     return variants if isinstance(variants, list) else []
 
 
-def _lookup(cache: Cache, direct: str, basedir: str | None) -> Entry | None:
-    for variant in _variants(cache.get(direct)):
+def _lookup(
+    get: Callable[[str], Entry | None], direct: str, basedir: str | None
+) -> tuple[Entry, Entry] | None:
+    """``(manifest, result)`` of the variant whose dependencies are unchanged, or ``None``."""
+    manifest = get(direct)
+    for variant in _variants(manifest):
         if nvcc_deps.matches(variant.get("deps", []), basedir):
-            result = cache.get(str(variant.get("result")))
-            if result is not None:
-                return result
+            result = get(str(variant.get("result")))
+            if result is not None and manifest is not None:
+                return manifest, result
     return None
 
 

@@ -12,14 +12,17 @@ its preprocessor (ccache's "direct mode").
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import time
-from collections.abc import Sequence
-from typing import Any
 
+from kernelcache.keys import file_sha256 as _sha256
 from kernelcache.nvcc_args import BASE_TOKEN, normalize_path
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 #: Variants kept per manifest (newest first): enough for a few header states
 #: per source, bounded so a manifest stays small.
@@ -35,6 +38,8 @@ TOO_NEW_NS = 2_000_000_000
 
 def parse_depfile(text: bytes) -> tuple[bytes, list[str]]:
     """``(target, dependencies)`` of the first rule of a make-style dependency file."""
+    import re  # only a miss parses dependency files; a hit loads no regex
+
     joined = text.replace(b"\\\r\n", b" ").replace(b"\\\n", b" ")
     first = joined.split(b"\n", 1)[0]
     target, sep, rest = first.partition(b": ")
@@ -47,6 +52,8 @@ def parse_depfile(text: bytes) -> tuple[bytes, list[str]]:
 
 
 def _unescape(token: bytes) -> bytes:
+    import re
+
     return re.sub(rb"\\(.)", rb"\1", token).replace(b"$$", b"$")
 
 
@@ -62,6 +69,8 @@ def to_stored(text: bytes, basedir: str | None) -> bytes:
     """Replace ``basedir`` at the start of paths with a token (see ``from_stored``)."""
     if not basedir:
         return text
+    import re
+
     prefix = re.escape(os.fsencode(basedir + os.sep))
     return re.sub(rb"(?<![^\s:])" + prefix, BASE_TOKEN.encode(), text)
 
@@ -77,14 +86,6 @@ def from_stored(text: bytes, basedir: str | None) -> bytes:
 
 def _signature(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def resolve(stored: str, basedir: str | None) -> str | None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from kernelcache.errors import ConfigError
 
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
-_AGE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
+# Compiled on first use (re's own cache): Settings imports this module on the
+# launcher's hit path, which parses no size unless a KERNELCACHE_* size is set.
+_SIZE_PATTERN = r"(?i)\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*"
+_AGE_PATTERN = r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*"
 
 
 def parse_size(text: str | int) -> int:
@@ -18,7 +18,9 @@ def parse_size(text: str | int) -> int:
         if text < 0:
             raise ConfigError(f"size must not be negative: {text}")
         return text
-    match = _SIZE_RE.fullmatch(str(text))
+    import re
+
+    match = re.fullmatch(_SIZE_PATTERN, str(text))
     if match is None:
         raise ConfigError(
             f"invalid size {text!r}: use a number with an optional unit, e.g. 500M or 5G"
@@ -28,7 +30,9 @@ def parse_size(text: str | int) -> int:
 
 def parse_age(text: str) -> float:
     """``"30d"`` → seconds; units s, m, h, d, w (seconds when none)."""
-    match = _AGE_RE.fullmatch(str(text))
+    import re
+
+    match = re.fullmatch(_AGE_PATTERN, str(text))
     if match is None:
         raise ConfigError(
             f"invalid age {text!r}: use a number with a unit s, m, h, d or w, e.g. 30d"
