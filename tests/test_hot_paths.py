@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import xxhash
+
+from kernelcache import CorruptEntry, DiskStore, Entry
+from kernelcache import entry as entry_module
+from kernelcache.entry import PREFIX_SIZE, header_size, parse_header, validate_name
 from kernelcache.stores import base
 from kernelcache.stores.base import validate_key
 
@@ -36,3 +42,77 @@ def test_validate_key_memo_stays_bounded() -> None:
         validate_key(f"k{i}")
     assert len(base._VALID_KEYS) <= base._VALID_KEYS_MAX
     assert validate_key("k1") == "k1"  # still valid after the memo was cleared
+
+
+# Disk reads: the first read (8 KB) may hold the whole entry, part of the
+# header, or the header and part of an artifact; every split must read back.
+@pytest.mark.parametrize(
+    "meta_bytes,sizes",
+    [
+        pytest.param(0, [0], id="empty-artifact"),
+        pytest.param(0, [100, 200], id="all-in-first-read"),
+        pytest.param(0, [8000], id="artifact-crosses-first-read"),
+        pytest.param(0, [8192 - 180, 5], id="first-artifact-ends-near-boundary"),
+        pytest.param(0, [70_000, 3, 70_000], id="big-small-big"),
+        pytest.param(20_000, [10], id="header-longer-than-first-read"),
+        pytest.param(9_000, [0, 9_000], id="long-header-and-artifact"),
+    ],
+)
+def test_disk_reads_every_layout(tmp_path: Path, meta_bytes: int, sizes: list[int]) -> None:
+    artifacts = {f"a{i}": bytes([i + 1]) * size for i, size in enumerate(sizes)}
+    entry = Entry(artifacts, meta={"pad": "m" * meta_bytes})
+    with DiskStore(tmp_path / "d") as store:
+        store.put("k" * 64, entry)
+        got = store.get("k" * 64)
+        assert got is not None
+        assert dict(got) == artifacts
+        assert got.meta == {"pad": "m" * meta_bytes}
+        assert got == entry
+
+
+def test_parse_header_bytes_and_memoryview_agree() -> None:
+    packed = Entry({"x": b"1" * 10, "y": b"2" * 5}, meta={"n": 1}).pack("key1")
+    for form in (packed, memoryview(packed), memoryview(bytearray(packed))):
+        header = parse_header(form)
+        assert (header.key, header.meta_raw, header.total_size) == ("key1", b'{"n":1}', len(packed))
+        assert [row[:2] for row in header.table] == [("x", 10), ("y", 5)]
+    assert dict(Entry.unpack(bytearray(packed))) == {"x": b"1" * 10, "y": b"2" * 5}
+
+
+@pytest.mark.parametrize("cut", [0, 5, PREFIX_SIZE, PREFIX_SIZE + 3, 60, -20, -1])
+def test_disk_truncated_entry_is_a_counted_miss(tmp_path: Path, cut: int) -> None:
+    with DiskStore(tmp_path / "d") as store:
+        store.put("k1", Entry({"a": b"z" * 20_000}))
+        (path,) = (tmp_path / "d").glob("v1/entries/*/k1.kce")
+        data = path.read_bytes()
+        path.write_bytes(data[:cut])
+        assert store.get("k1") is None
+        assert store.counters.corrupt == 1
+        assert not path.exists()  # a bad entry is removed
+
+
+def _forge_name(packed: bytes, old: bytes, new: bytes) -> bytes:
+    """The packed entry with an artifact name swapped and the header checksum redone."""
+    end = header_size(packed)
+    body = packed[: end - 16].replace(old, new)
+    return body + xxhash.xxh3_128_digest(body) + packed[end:]
+
+
+@pytest.mark.parametrize("bad", [b"../x", b"a/bc", b"a\\bc", b"ab\0c", b"..", b"."])
+def test_crafted_unsafe_name_is_corrupt_even_with_a_valid_checksum(bad: bytes) -> None:
+    name = "n" * len(bad)
+    validate_name(name)  # a good name is remembered; a bad one must never be
+    forged = _forge_name(Entry({name: b"1"}).pack("k1"), name.encode(), bad)
+    for _ in range(2):
+        with pytest.raises(CorruptEntry, match="malformed"):
+            Entry.unpack(forged)
+    with pytest.raises(ValueError, match="unsafe artifact name"):
+        validate_name(bad.decode())
+
+
+def test_validate_name_memo_stays_bounded() -> None:
+    for i in range(entry_module._VALID_NAMES_MAX + 10):
+        validate_name(f"n{i}.cubin")
+    assert len(entry_module._VALID_NAMES) <= entry_module._VALID_NAMES_MAX
+    with pytest.raises(ValueError, match="must be str"):
+        validate_name(b"n1.cubin")
