@@ -277,18 +277,25 @@ class Header:
             total_size = data_offset + sum(size for _, size, _ in table)
         self.total_size = total_size
 
-    def build(self, read: Callable[[int, int], bytes], key: str | None) -> Entry:
-        """Read every artifact through ``read(offset, size)``, verify it, return the Entry."""
+    def build(self, read: Callable[[int, int], bytes], key: str | None, head: bytes = b"") -> Entry:
+        """Read every artifact, verify it, return the Entry.
+
+        An artifact that lies wholly inside ``head`` (the bytes already read
+        from the start of the entry) is sliced from it; any other is read
+        through ``read(offset, size)``.
+        """
         if key is not None and key != self.key:
             raise CorruptEntry(f"entry was stored for key {self.key!r}, not {key!r}")
         artifacts: dict[str, bytes] = {}
         offset = self.data_offset
+        inside = len(head)
         for name, size, checksum in self.table:
-            blob = read(offset, size)
+            end = offset + size
+            blob = head[offset:end] if end <= inside else read(offset, size)
             if len(blob) != size or _hash(blob) != checksum:
                 raise CorruptEntry(f"artifact {name!r} fails its checksum")
             artifacts[name] = blob
-            offset += size
+            offset = end
         return Entry._trusted(artifacts, self.meta_raw, self.key)
 
 

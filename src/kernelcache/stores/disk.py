@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import xxhash
 
-from kernelcache.entry import PREFIX_SIZE, Entry, header_size, parse_header
+from kernelcache.entry import Entry, header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import EntryInfo, FlightLock, Store, validate_key
 from kernelcache.stores.lockfile import FileFlightLock
@@ -56,8 +56,12 @@ def _unique() -> str:
     return os.urandom(16).hex()
 
 
+_SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
+_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
+
+
 def _shard(key: str) -> str:
-    return "%x" % (xxhash.xxh32_intdigest(key.encode()) % SHARDS)
+    return _SHARD_NAMES[xxhash.xxh32_intdigest(key.encode()) % SHARDS]
 
 
 class DiskStore(Store):
@@ -168,9 +172,9 @@ class DiskStore(Store):
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
         shard = _shard(key)
-        path = self._entry_path(key, shard)
+        path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # _entry_path, inlined: the hit path
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, _OPEN_READ)
         except FileNotFoundError:
             self.counters.misses += 1
             return None
@@ -201,21 +205,16 @@ class DiskStore(Store):
     @staticmethod
     def _read(fd: int, size: int, key: str) -> Entry:
         head = os.pread(fd, min(size, _FIRST_READ), 0)
-        need = header_size(head[:PREFIX_SIZE])
-        if need > len(head) and need <= size:
-            head = os.pread(fd, need, 0)
-        header = parse_header(memoryview(head))
+        if len(head) < size:  # only part of the file was read: the header may reach further
+            need = header_size(head)
+            if len(head) < need <= size:
+                head = os.pread(fd, need, 0)
+        header = parse_header(head)
         if header.total_size != size:
             raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
-
-        def read(offset: int, length: int) -> bytes:
-            # Artifacts inside the first read are sliced; larger ones are read
-            # straight into their own bytes object (no second copy).
-            if offset + length <= len(head):
-                return head[offset : offset + length]
-            return os.pread(fd, length, offset)
-
-        return header.build(read, key)
+        # Artifacts inside the first read are sliced from it; larger ones are
+        # read straight into their own bytes object (no second copy).
+        return header.build(lambda offset, length: os.pread(fd, length, offset), key, head)
 
     # Writes ------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> None:
