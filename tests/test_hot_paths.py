@@ -44,8 +44,9 @@ def test_validate_key_memo_stays_bounded() -> None:
     assert validate_key("k1") == "k1"  # still valid after the memo was cleared
 
 
-# Disk reads: the first read (8 KB) may hold the whole entry, part of the
-# header, or the header and part of an artifact; every split must read back.
+# Disk reads: the first read (the whole entry up to 8 KB, else 2 KB) may hold
+# the whole entry, part of the header, or the header and part of an artifact;
+# every split must read back.
 @pytest.mark.parametrize(
     "meta_bytes,sizes",
     [
@@ -56,6 +57,9 @@ def test_validate_key_memo_stays_bounded() -> None:
         pytest.param(0, [70_000, 3, 70_000], id="big-small-big"),
         pytest.param(20_000, [10], id="header-longer-than-first-read"),
         pytest.param(9_000, [0, 9_000], id="long-header-and-artifact"),
+        pytest.param(3_000, [10_000], id="header-longer-than-head-read"),
+        pytest.param(0, [1_500, 10_000], id="small-artifact-inside-head-read"),
+        pytest.param(0, [1_900, 10_000, 1], id="artifact-crosses-head-read"),
     ],
 )
 def test_disk_reads_every_layout(tmp_path: Path, meta_bytes: int, sizes: list[int]) -> None:

@@ -45,7 +45,12 @@ STALE_STAGING_SECONDS = 3600.0
 TOUCH_INTERVAL = 60.0
 #: Cleaning stops when a shard is down to this fraction of its cap.
 LOW_WATER = 0.9
+#: Entries up to this size are read in one call; of larger ones, the first
+#: _HEAD_READ bytes (the header, usually a few hundred bytes) come first and
+#: then each artifact straight into its own buffer: copying 8 KB of a big
+#: artifact twice costs more (~0.6 us at 64 KB) than it saves.
 _FIRST_READ = 8192
+_HEAD_READ = 2048
 _COUNTER = struct.Struct("<qq")  # bytes, entries
 _TAG_RE = re.compile(r"[0-9a-f]{16}")  # xxh3_64 hex of an extracted entry's contents
 _T = TypeVar("_T")
@@ -204,7 +209,7 @@ class DiskStore(Store):
 
     @staticmethod
     def _read(fd: int, size: int, key: str) -> Entry:
-        head = os.pread(fd, min(size, _FIRST_READ), 0)
+        head = os.pread(fd, size if size <= _FIRST_READ else _HEAD_READ, 0)
         if len(head) < size:  # only part of the file was read: the header may reach further
             need = header_size(head)
             if len(head) < need <= size:
