@@ -120,3 +120,23 @@ def test_validate_name_memo_stays_bounded() -> None:
     assert len(entry_module._VALID_NAMES) <= entry_module._VALID_NAMES_MAX
     with pytest.raises(ValueError, match="must be str"):
         validate_name(b"n1.cubin")
+
+
+def test_eviction_removes_extracted_files_of_evicted_entries(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    with DiskStore(root, max_bytes=64 * 1024) as store:
+        keys = [f"k{i:03d}" for i in range(120)]
+        for key in keys:
+            store.put(key, Entry({"data": key.encode() * 100}))
+            got = store.get(key)
+            assert got is not None
+            assert Path(got.path("data")).read_bytes() == key.encode() * 100
+        assert store.counters.evictions > 0
+        live = set(store.keys())
+        assert live and live != set(keys)
+        folders = {p.name.rsplit(".", 1)[0] for p in root.glob("v1/files/*/*")}
+        assert folders <= live  # nothing extracted is left of an evicted entry
+        on_disk = sum(p.stat().st_size for p in root.glob("v1/entries/*/*.kce")) + sum(
+            p.stat().st_size for p in root.glob("v1/files/*/*/*")
+        )
+        assert store.usage() == (len(live), on_disk)

@@ -444,11 +444,13 @@ class DiskStore(Store):
         time; the recount also repairs counters left stale by crashed writers.
         """
         extracted: dict[str, int] = {}
+        folders: dict[str, list[str]] = {}  # key -> its extracted folders, from this one scan
         with os.scandir(f"{self._files}/{shard}") as it:
             for item in it:
                 key = _extracted_key(item)
                 if key is not None:  # else foreign: neither counted nor touched
                     extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
+                    folders.setdefault(key, []).append(item.path)
         entries = []
         with os.scandir(f"{self._entries}/{shard}") as it:
             for item in it:
@@ -462,7 +464,8 @@ class DiskStore(Store):
                 entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
         live = {e[1] for e in entries}
         for key in extracted.keys() - live:  # left by a process killed mid-removal
-            self._remove_extracted(key, shard)
+            for folder in folders[key]:
+                self._rmtree_atomic(folder)
         size = sum(e[3] for e in entries)
         count = len(entries)
         entries.sort()
@@ -471,7 +474,12 @@ class DiskStore(Store):
                 break
             # The caller holds the shard lock and writes the recounted totals.
             if self._unlink_guarded(self._entry_path(key, shard), ino) is not None:
-                self._remove_extracted(key, shard)
+                # Not _remove_extracted: a scan of the shard's folders per evicted
+                # entry made cleaning quadratic when entries had been extracted.
+                # A folder extracted since the scan above is an orphan that the
+                # next cleaning removes (as for a process killed mid-removal).
+                for folder in folders.get(key, ()):
+                    self._rmtree_atomic(folder)
                 size -= entry_size
                 count -= 1
                 self._count("evictions")
