@@ -140,3 +140,19 @@ def test_eviction_removes_extracted_files_of_evicted_entries(tmp_path: Path) -> 
             p.stat().st_size for p in root.glob("v1/files/*/*/*")
         )
         assert store.usage() == (len(live), on_disk)
+
+
+def test_clear_removes_entries_and_their_extracted_files(tmp_path: Path) -> None:
+    root = tmp_path / "d"
+    with DiskStore(root) as store:
+        for i in range(40):
+            store.put(f"k{i}", Entry({"a": b"x" * i, "b": b"y"}))
+            got = store.get(f"k{i}")
+            assert got is not None
+            got.path("a")
+        (root / "v1" / "entries" / "0" / "foreign.txt").write_text("not ours")
+        assert store.clear() == 40
+        assert list(root.glob("v1/entries/*/*.kce")) == []
+        assert list(root.glob("v1/files/*/*")) == []
+        assert (root / "v1" / "entries" / "0" / "foreign.txt").exists()
+        assert store.usage() == (0, 0)

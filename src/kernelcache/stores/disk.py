@@ -27,7 +27,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import xxhash
@@ -279,13 +279,27 @@ class DiskStore(Store):
             self._count("deletes")
         return removed
 
-    def _remove(self, path: str, key: str, shard: str, expect_ino: int | None = None) -> bool:
-        """Remove an entry and its extracted files, and account for the space freed."""
+    def _remove(
+        self,
+        path: str,
+        key: str,
+        shard: str,
+        expect_ino: int | None = None,
+        folders: Sequence[str] | None = None,
+    ) -> bool:
+        """Remove an entry and its extracted files, and account for the space freed.
+
+        ``folders``: the entry's extracted folders, when the caller listed them
+        already (clear() lists each shard once instead of once per entry).
+        """
         with self._locked(shard) as fd:
             st = self._unlink_guarded(path, expect_ino)
             if st is None:
                 return False
-            freed = st.st_size + self._remove_extracted(key, shard)
+            if folders is None:
+                freed = st.st_size + self._remove_extracted(key, shard)
+            else:
+                freed = st.st_size + sum(self._rmtree_atomic(folder) for folder in folders)
             self._account_locked(fd, shard, -freed, -1)
         return True
 
@@ -363,6 +377,16 @@ class DiskStore(Store):
                 raise
             return  # benign race: another process extracted the same entry first
         self._account(shard, sum(map(len, entry.values())), 0)
+
+    def _extracted_folders(self, shard: str) -> dict[str, list[str]]:
+        """Every extracted folder of a shard, by key (one listing of files/<shard>)."""
+        folders: dict[str, list[str]] = {}
+        with os.scandir(f"{self._files}/{shard}") as it:
+            for item in it:
+                key = _extracted_key(item)
+                if key is not None:  # else foreign: neither counted nor touched
+                    folders.setdefault(key, []).append(item.path)
+        return folders
 
     def _remove_extracted(self, key: str, shard: str) -> int:
         freed = 0
@@ -443,14 +467,8 @@ class DiskStore(Store):
         Called with the shard's lock held, so one process cleans a shard at a
         time; the recount also repairs counters left stale by crashed writers.
         """
-        extracted: dict[str, int] = {}
-        folders: dict[str, list[str]] = {}  # key -> its extracted folders, from this one scan
-        with os.scandir(f"{self._files}/{shard}") as it:
-            for item in it:
-                key = _extracted_key(item)
-                if key is not None:  # else foreign: neither counted nor touched
-                    extracted[key] = extracted.get(key, 0) + _tree_size(item.path)
-                    folders.setdefault(key, []).append(item.path)
+        folders = self._extracted_folders(shard)
+        extracted = {key: sum(map(_tree_size, paths)) for key, paths in folders.items()}
         entries = []
         with os.scandir(f"{self._entries}/{shard}") as it:
             for item in it:
@@ -557,9 +575,14 @@ class DiskStore(Store):
         removed = 0
         for i in range(SHARDS):
             shard = f"{i:x}"
+            # Listed once per shard: a listing per entry made clear() quadratic
+            # once entries had been extracted (16 s for 16k entries, 1 ms each).
+            # A folder extracted meanwhile is an orphan the next cleaning sweeps.
+            folders = self._guard(functools.partial(self._extracted_folders, shard))
             for info in list(self._scan_shard(shard)):
                 path = self._entry_path(info.key, shard)
-                if self._guard(functools.partial(self._remove, path, info.key, shard)):
+                own = folders.get(info.key, [])
+                if self._guard(functools.partial(self._remove, path, info.key, shard, None, own)):
                     removed += 1
         return removed
 
