@@ -9,12 +9,14 @@ latency through ``Cache.get``; DiskStore at 1 k vs 100 k entries; and the
 shared/DESIGN.md targets with a verdict for each.
 
 Method: every contender gets the same bytes, on the same filesystem, in the
-same process. Contenders are measured in interleaved rounds (shuffled order,
-the first round discarded as warm-up), so load from other processes on a
-shared machine lands on all of them alike; the spread of the per-round
-medians is printed so noisy rows are visible. Each sample is one call timed
-with ``perf_counter_ns``, minus the timing loop's own median overhead. The
-page cache is warm: this measures a cache hit, not a cold disk.
+same process. Contenders take turns of about 2 ms (shuffled order, one turn
+each discarded as warm-up), so load from other processes on a shared machine
+lands on all of them alike; each row's samples are cut into consecutive
+slices whose medians are printed, so noisy rows are visible. Each sample is
+one call timed with ``perf_counter_ns``, minus the timing loop's own median
+overhead; the cyclic GC is paused while timing. A put stores a new key each
+time (what a cache does after a miss). The page cache is warm: this measures
+a cache hit, not a cold disk.
 """
 
 from __future__ import annotations
@@ -248,6 +250,19 @@ def targets(rows: list[Row], memory: list[Row], scale: list[Row]) -> list[dict[s
             1.3,
             f"{large.median / small.median:.2f}× median",
         )
+    # Not a DESIGN.md target, shown so the cost of eviction is not hidden:
+    # cleaning scans one shard (1/16 of the cache), amortised over ~10 % of it.
+    small, large = (r for r in scale if "cap" in r.name)
+    out.append(
+        {
+            "target": f"(info) put at the size cap, {small.size:,} → {large.size:,} entries",
+            "measured": f"{large.median / small.median:.2f}× median, "
+            f"{large.mean / small.mean:.2f}× mean, p99 {small.p99 / 1e3:.0f} → "
+            f"{large.p99 / 1e3:.0f} µs, slowest {max(small.samples) / 1e6:.1f} → "
+            f"{max(large.samples) / 1e6:.1f} ms",
+            "verdict": "info",
+        }
+    )
     return out
 
 

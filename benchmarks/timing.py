@@ -77,6 +77,12 @@ def timer_overhead() -> int:
     return int(statistics.median(run_chunk(_noop, itertools.repeat("k"), 50e6, 200_000)))
 
 
+#: A contender runs this long (or this many calls) before the next one's turn: long
+#: enough for steady state (warm CPU caches), short against changes in machine load.
+CHUNK_CALLS = 1000
+CHUNK_NS = 2e6
+
+
 def measure(
     rows: dict[str, Row],
     fns: dict[str, Callable[[str], object]],
@@ -87,22 +93,39 @@ def measure(
     max_calls: int,
     overhead: int,
 ) -> None:
-    """Fill ``rows`` with samples of ``fns(next(keys))`` (same names), in interleaved rounds.
+    """Fill ``rows`` with samples of ``fns(next(keys))`` (same names), finely interleaved.
 
-    Each round runs every function for ``seconds / rounds`` (or ``max_calls /
-    rounds`` calls), in a shuffled order, so load from other processes falls
-    on all of them alike. Round 0 is a warm-up and is discarded.
+    The functions take turns in short chunks (2 ms or 1000 calls), in a freshly
+    shuffled order each turn, until each has spent ``seconds`` in its calls
+    or made ``max_calls``: load from other processes then falls on all of
+    them alike. One chunk each is a discarded warm-up. The cyclic collector
+    is paused while timing (as timeit does) and run before. Each row's
+    samples are cut into ``rounds`` consecutive slices whose medians show
+    how stable the measurement was.
     """
-    order = list(fns)
-    budget = seconds / rounds * 1e9
-    per_round = max(1, max_calls // rounds)
     rng = random.Random(0)
-    for index in range(rounds + 1):
-        rng.shuffle(order)
-        for name in order:
-            gc.collect()  # a collection owed by setup code must not land in the samples
-            got = run_chunk(fns[name], keys[name], budget, per_round)
-            if index:
-                got = [max(0, t - overhead) for t in got]
-                rows[name].samples.extend(got)
-                rows[name].round_medians.append(statistics.median(got))
+    spent = dict.fromkeys(fns, 0)
+    active = list(fns)
+    gc.collect()
+    gc.disable()
+    try:
+        for name in active:
+            run_chunk(fns[name], keys[name], CHUNK_NS, CHUNK_CALLS)
+        while active:
+            rng.shuffle(active)
+            for name in active:
+                calls = min(CHUNK_CALLS, max_calls - len(rows[name].samples))
+                got = run_chunk(fns[name], keys[name], CHUNK_NS, calls)
+                spent[name] += sum(got)
+                rows[name].samples.extend(max(0, t - overhead) for t in got)
+            active = [
+                n for n in active if spent[n] < seconds * 1e9 and len(rows[n].samples) < max_calls
+            ]
+    finally:
+        gc.enable()
+    for row in rows.values():
+        cut = max(1, len(row.samples) // rounds)
+        row.round_medians = [
+            statistics.median(row.samples[i : i + cut])
+            for i in range(0, len(row.samples) - cut + 1, cut)
+        ]
