@@ -1,8 +1,8 @@
 """DiskStore at few vs many entries: a hit or a put must not cost more in a bigger cache.
 
 The stores are filled through ``DiskStore.put`` with 1 KB entries under
-random 64-hex-digit keys (what ``KeyBuilder.hexdigest()`` gives). Then, in
-interleaved rounds: a hit on a random stored key and a put replacing a
+random 64-hex-digit keys (what ``KeyBuilder.hexdigest()`` gives). Then,
+interleaved (timing.measure): a hit on a random stored key and a put replacing a
 random stored key, with a cap far above the contents (the accounting runs,
 nothing is evicted); then puts of new keys with the cap set to the current
 contents, so the store stays full and pays for eviction. Eviction is

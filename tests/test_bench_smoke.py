@@ -30,8 +30,8 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     for size in (4096, 65536, 1 << 20):
         for op in ("get", "put"):
             # The raw limit and kernelcache's own tiers always run; peers may be n/a.
-            assert (op, size, "kernelcache DiskStore") in measured
-            assert (op, size, "kernelcache MemoryStore") in measured
+            for tier in ("MemoryStore", "DiskStore", "SQLiteStore"):
+                assert (op, size, f"kernelcache {tier}") in measured
         assert ("get", size, "raw file (open().read() / tmp+rename)") in measured
     assert {r["op"] for r in result["scaling"]} == {"get", "put"}
     assert result["memory"][0]["n"] > 0
