@@ -32,11 +32,21 @@ MAGIC = b"KCENTRY\n"
 FORMAT_VERSION = 1
 MAX_NAME_BYTES = 255
 _FIXED = struct.Struct("<HHHHII")
+_PREFIX = struct.Struct("<8sHHHHII")  # magic + fixed, unpacked in one call on the read path
 _NAME_LEN = struct.Struct("<H")
 _SIZE = struct.Struct("<Q")
+_SIZE_SUM = struct.Struct("<Q16s")  # a table row after its name: size, xxh3_128
 PREFIX_SIZE = len(MAGIC) + _FIXED.size
 CHECK_SIZE = 16
 _hash = xxhash.xxh3_128_digest
+
+
+# Names that passed validate_name: every disk hit re-validates the names in the
+# entry's header (a crafted file must not smuggle "../x" into Entry.path), and
+# artifact names are few ("kernel.cubin", ...), so a set lookup saves ~250 ns
+# per read. Bounded; plain str only (a subclass could fake __eq__/__hash__).
+_VALID_NAMES: set[str] = set()
+_VALID_NAMES_MAX = 1024
 
 
 def validate_name(name: object) -> str:
@@ -45,6 +55,8 @@ def validate_name(name: object) -> str:
     Artifacts become files (``entry.path(name)``), so a name must be one plain
     path component: no separators, no ``.``/``..``, no NUL, at most 255 bytes.
     """
+    if type(name) is str and name in _VALID_NAMES:
+        return name
     if not isinstance(name, str):
         raise ValueError(f"artifact name must be str, not {type(name).__name__}: {name!r}")
     encoded = name.encode("utf-8", "surrogatepass")
@@ -60,6 +72,10 @@ def validate_name(name: object) -> str:
             f"unsafe artifact name {name!r}: it must be one path component, not '.' or '..', "
             f"without '/', '\\\\' or NUL, and at most {MAX_NAME_BYTES} bytes"
         )
+    if type(name) is str:
+        if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
+            _VALID_NAMES.clear()
+        _VALID_NAMES.add(name)
     return name
 
 
@@ -233,6 +249,13 @@ class Entry(Mapping[str, bytes]):
         With ``key``, the key recorded in the entry must match it (a file
         placed under the wrong name is corrupt, not a hit).
         """
+        if isinstance(data, bytes):  # the common case: slice artifacts straight out of it
+            header = parse_header(data)
+            if header.total_size != len(data):
+                raise CorruptEntry(
+                    f"entry is {len(data)} bytes, its header says {header.total_size}"
+                )
+            return header.build(_no_read, key, data)
         view = memoryview(data)
         header = parse_header(view)
         if header.total_size != len(view):
@@ -246,73 +269,104 @@ class Header:
     __slots__ = ("data_offset", "key", "meta_raw", "table", "total_size")
 
     def __init__(
-        self, key: str, meta_raw: bytes, table: list[tuple[str, int, bytes]], data_offset: int
+        self,
+        key: str,
+        meta_raw: bytes,
+        table: list[tuple[str, int, bytes]],
+        data_offset: int,
+        total_size: int | None = None,
     ):
         self.key = key
         self.meta_raw = meta_raw
         self.table = table
         self.data_offset = data_offset
-        self.total_size = data_offset + sum(size for _, size, _ in table)
+        if total_size is None:
+            total_size = data_offset + sum(size for _, size, _ in table)
+        self.total_size = total_size
 
-    def build(self, read: Callable[[int, int], bytes], key: str | None) -> Entry:
-        """Read every artifact through ``read(offset, size)``, verify it, return the Entry."""
+    def build(self, read: Callable[[int, int], bytes], key: str | None, head: bytes = b"") -> Entry:
+        """Read every artifact, verify it, return the Entry.
+
+        An artifact that lies wholly inside ``head`` (the bytes already read
+        from the start of the entry) is sliced from it; any other is read
+        through ``read(offset, size)``.
+        """
         if key is not None and key != self.key:
             raise CorruptEntry(f"entry was stored for key {self.key!r}, not {key!r}")
         artifacts: dict[str, bytes] = {}
         offset = self.data_offset
+        inside = len(head)
         for name, size, checksum in self.table:
-            blob = read(offset, size)
+            end = offset + size
+            blob = head[offset:end] if end <= inside else read(offset, size)
             if len(blob) != size or _hash(blob) != checksum:
                 raise CorruptEntry(f"artifact {name!r} fails its checksum")
             artifacts[name] = blob
-            offset += size
+            offset = end
         return Entry._trusted(artifacts, self.meta_raw, self.key)
 
 
-def header_size(prefix: bytes | memoryview) -> int:
-    """Total header length (checksum included) from the first PREFIX_SIZE bytes."""
-    if len(prefix) < PREFIX_SIZE or bytes(prefix[: len(MAGIC)]) != MAGIC:
+def _prefix(view: bytes | memoryview) -> tuple[int, int, int, int]:
+    """``(n_artifacts, key_len, meta_len, table_len)`` from a checked magic and version."""
+    if len(view) < PREFIX_SIZE:
         raise CorruptEntry("not a kernelcache entry (bad magic or too short)")
-    version, _flags, _n, key_len, meta_len, table_len = _FIXED.unpack_from(prefix, len(MAGIC))
+    magic, version, _flags, count, key_len, meta_len, table_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CorruptEntry("not a kernelcache entry (bad magic or too short)")
     if version != FORMAT_VERSION:
         raise CorruptEntry(
             f"entry format version {version} is not supported (this is {FORMAT_VERSION})"
         )
-    return int(PREFIX_SIZE + key_len + meta_len + table_len + CHECK_SIZE)
+    return count, key_len, meta_len, table_len
 
 
-def parse_header(view: memoryview) -> Header:
-    """Parse and checksum-verify the header at the start of ``view``."""
-    end = header_size(view)
+def header_size(prefix: bytes | memoryview) -> int:
+    """Total header length (checksum included) from the first PREFIX_SIZE bytes."""
+    _count, key_len, meta_len, table_len = _prefix(prefix)
+    return PREFIX_SIZE + key_len + meta_len + table_len + CHECK_SIZE
+
+
+def parse_header(view: bytes | memoryview) -> Header:
+    """Parse and checksum-verify the header at the start of ``view``.
+
+    This runs on every hit of a byte-oriented tier, so it works on bytes (a
+    memoryview's header is copied once: bytes slices and ``decode`` cost a
+    third of memoryview ones) and unpacks the prefix once and each table row
+    in one call.
+    """
+    count, key_len, meta_len, table_len = _prefix(view)
+    check_at = PREFIX_SIZE + key_len + meta_len + table_len
+    end = check_at + CHECK_SIZE
     if len(view) < end:
         raise CorruptEntry(f"entry truncated inside its header ({len(view)} of {end} bytes)")
-    body = view[: end - CHECK_SIZE]
-    if _hash(body) != bytes(view[end - CHECK_SIZE : end]):
+    data = view if isinstance(view, bytes) else bytes(view[:end])
+    if _hash(data[:check_at]) != data[check_at:end]:
         raise CorruptEntry("entry header fails its checksum")
-    _version, _flags, count, key_len, meta_len, _table_len = _FIXED.unpack_from(view, len(MAGIC))
-    pos = PREFIX_SIZE
+    pos = PREFIX_SIZE + key_len
     try:
-        key = bytes(view[pos : pos + key_len]).decode()
-        pos += key_len
-        meta_raw = bytes(view[pos : pos + meta_len])
+        key = data[PREFIX_SIZE:pos].decode()
+        meta_raw = data[pos : pos + meta_len]
         pos += meta_len
         table = []
+        total = end
         for _ in range(count):
-            (name_len,) = _NAME_LEN.unpack_from(view, pos)
-            pos += _NAME_LEN.size
-            name = bytes(view[pos : pos + name_len]).decode("utf-8", "surrogatepass")
+            (name_len,) = _NAME_LEN.unpack_from(data, pos)
+            pos += 2
+            name = data[pos : pos + name_len].decode("utf-8", "surrogatepass")
             pos += name_len
-            (size,) = _SIZE.unpack_from(view, pos)
-            pos += _SIZE.size
-            checksum = bytes(view[pos : pos + 16])
-            pos += 16
-            validate_name(name)
-            table.append((name, size, checksum))
+            size, checksum = _SIZE_SUM.unpack_from(data, pos)
+            pos += _SIZE_SUM.size
+            table.append((validate_name(name), size, checksum))
+            total += size
     except (struct.error, UnicodeDecodeError, ValueError) as exc:
         raise CorruptEntry(f"entry header is malformed: {exc}") from exc
-    if pos != end - CHECK_SIZE:
+    if pos != check_at:
         raise CorruptEntry("entry header lengths are inconsistent")
-    return Header(key, meta_raw, table, end)
+    return Header(key, meta_raw, table, end, total)
+
+
+def _no_read(offset: int, size: int) -> bytes:
+    raise CorruptEntry(f"entry has no bytes at {offset}+{size}")  # build() slices all from head
 
 
 _tmp_dir: str | None = None

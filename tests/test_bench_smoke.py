@@ -1,0 +1,40 @@
+"""The store benchmark still runs end to end (a few calls each; no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_stores.py"
+
+
+def test_bench_stores_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--dir", str(tmp_path), "--json", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "| target (shared/DESIGN.md) | measured | verdict |" in proc.stdout
+    result = json.loads(out.read_text())
+    measured = {(r["op"], r["size"], r["name"]) for r in result["rows"] if r.get("n")}
+    for size in (4096, 65536, 1 << 20):
+        for op in ("get", "put"):
+            # The raw limit and kernelcache's own tiers always run; peers may be n/a.
+            for tier in ("MemoryStore", "DiskStore", "SQLiteStore"):
+                assert (op, size, f"kernelcache {tier}") in measured
+        assert ("get", size, "raw file (open().read() / tmp+rename)") in measured
+    assert {r["op"] for r in result["scaling"]} == {"get", "put"}
+    assert result["memory"][0]["n"] > 0
+    assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
+    assert leftovers == [], "the benchmark must remove its directory"
