@@ -154,124 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# Commands --------------------------------------------------------------
-def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelcache import stats_file
-    from kernelcache.cli_output import print_json
-    from kernelcache.stores.disk import DiskStore
-
-    if args.zero and stats_file.zero_period(settings.dir) and not args.json:
-        print("Started a new statistics period (lifetime totals kept).")
-    totals = stats_file.read_totals(settings.dir)
-    if totals.get("damaged"):
-        print(
-            "kernelcache: warning: the statistics file is damaged; showing zeros", file=sys.stderr
-        )
-    entries, size = DiskStore(settings.dir, read_only=True).usage()
-    report: dict[str, Any] = {
-        "dir": settings.dir,
-        "entries": entries,
-        "bytes": size,
-        "max_bytes": settings.max_size,
-    }
-    for name in ("period", "lifetime"):
-        report[name] = _complete(totals[name])
-    from kernelcache.nvcc import launcher_stats
-
-    report["nvcc_launcher"] = launcher_stats(settings)
-    if args.json:
-        print_json(report)
-    else:
-        print(_stats_text(report))
-    return 0
-
-
-def _complete(section: dict[str, Any]) -> dict[str, Any]:
-    """A stats section with every counter present and hit rates computed."""
-    from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS
-
-    tiers = {}
-    for name, counts in section["tiers"].items():
-        full = {field: counts.get(field, 0) for field in TIER_FIELDS}
-        lookups = full["hits"] + full["misses"]
-        full["hit_rate"] = full["hits"] / lookups if lookups else None
-        tiers[name] = full
-    compiles = {field: section["compile"].get(field, 0) for field in COMPILE_FIELDS}
-    return {"since": section["since"], "tiers": tiers, "compile": compiles}
-
-
-_REMOTE_FIELDS = ("timeouts", "breaker_trips", "skipped", "forged")
-
-
-def _stats_text(report: dict[str, Any]) -> str:
-    from kernelcache.cli_output import format_seconds, format_time, table
-    from kernelcache.units import format_size
-
-    cap = report["max_bytes"]
-    used = format_size(report["bytes"])
-    if cap:
-        used += f" of {format_size(cap)} ({100 * report['bytes'] / cap:.1f}%)"
-    lines = [f"directory  {report['dir']}", f"entries    {report['entries']}", f"size       {used}"]
-    headers = [
-        "TIER",
-        "HITS",
-        "MISSES",
-        "RATE",
-        "ERRORS",
-        "PUTS",
-        "EVICTED",
-        "READ",
-        "WRITTEN",
-        "SAVED",
-    ]
-    for title in ("period", "lifetime"):
-        section = report[title]
-        rows = []
-        for name, c in section["tiers"].items():
-            rate = "-" if c["hit_rate"] is None else f"{100 * c['hit_rate']:.1f}%"
-            rows.append(
-                (
-                    name,
-                    c["hits"],
-                    c["misses"],
-                    rate,
-                    c["errors"] + c["corrupt"],
-                    c["puts"],
-                    c["evictions"],
-                    format_size(c["bytes_read"]),
-                    format_size(c["bytes_written"]),
-                    format_seconds(c["seconds_saved"]),
-                )
-            )
-        comp = section["compile"]
-        lines += ["", f"{title} since {format_time(section['since'])}"]
-        lines.append(table(headers, rows, right=range(1, 10)) if rows else "  (no activity)")
-        for name, c in section["tiers"].items():
-            if name.startswith("redis") or any(c[f] for f in _REMOTE_FIELDS):
-                lines.append(
-                    f"{name}: timeouts {c['timeouts']}, circuit-breaker trips "
-                    f"{c['breaker_trips']}, skipped while open {c['skipped']}, "
-                    f"forged {c['forged']}"
-                )
-        lines.append(
-            f"compiles {comp['compiles']} ({format_seconds(comp['compile_seconds'])}), "
-            f"failed {comp['compile_errors']}, waited for another's compile "
-            f"{comp['flight_waits']}, lock timeouts {comp['lock_timeouts']}"
-        )
-    launcher = report.get("nvcc_launcher") or {}
-    if launcher:
-        counts = ", ".join(
-            f"{n} {launcher.get(n, 0)}" for n in ("hits", "misses", "uncacheable", "failed")
-        )
-        lines += [
-            "",
-            f"nvcc launcher (lifetime): {counts}, saved {launcher.get('seconds_saved', 0):.1f} s",
-        ]
-        for reason, n in sorted(launcher.get("reasons", {}).items(), key=lambda item: -item[1]):
-            lines.append(f"  uncacheable: {n:>6}  {reason}")
-    return "\n".join(lines)
-
-
+# Commands (stats: cli_stats.py; verify, prune, clear, export, import: cli_maint.py)
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
@@ -396,23 +279,25 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _maintenance(name: str) -> Any:
-    def run(args: argparse.Namespace, settings: Settings) -> int:
-        from kernelcache import cli_maint
+def _lazy(module: str, name: str) -> Any:
+    """A command implemented in another CLI module, imported only when it runs."""
 
-        return int(getattr(cli_maint, name)(args, settings))
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        from importlib import import_module
+
+        return int(getattr(import_module(f"kernelcache.{module}"), name)(args, settings))
 
     return run
 
 
 COMMANDS = {
-    "stats": cmd_stats,
+    "stats": _lazy("cli_stats", "cmd_stats"),
     "ls": cmd_ls,
     "show": cmd_show,
     "config": cmd_config,
-    "verify": _maintenance("cmd_verify"),
-    "prune": _maintenance("cmd_prune"),
-    "clear": _maintenance("cmd_clear"),
-    "export": _maintenance("cmd_export"),
-    "import": _maintenance("cmd_import"),
+    "verify": _lazy("cli_maint", "cmd_verify"),
+    "prune": _lazy("cli_maint", "cmd_prune"),
+    "clear": _lazy("cli_maint", "cmd_clear"),
+    "export": _lazy("cli_maint", "cmd_export"),
+    "import": _lazy("cli_maint", "cmd_import"),
 }

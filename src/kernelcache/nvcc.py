@@ -22,24 +22,29 @@ wrote on the miss (the dependency file's default target is rewritten to this
 call's ``-o``) and replays nvcc's stdout and stderr. Failed compiles pass
 through and are not cached. Only the standard library and the core are
 imported on the hit path; ``subprocess`` and ``tempfile`` only on a miss.
+
+This module is the launcher's control flow, its direct key and the hit. The
+rest sits beside it: arguments in :mod:`~kernelcache.nvcc_args`, dependency
+files and manifests in :mod:`~kernelcache.nvcc_deps`, writing a hit's files
+in :mod:`~kernelcache.nvcc_outputs`, the miss (compile, result key, store) in
+:mod:`~kernelcache.nvcc_compile`, and the ``nvcc-stats.json`` counters in
+:mod:`~kernelcache.nvcc_stats`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
-import time
 
 from kernelcache import nvcc_deps
 from kernelcache.nvcc_args import Invocation, parse
+from kernelcache.nvcc_outputs import restore
+from kernelcache.nvcc_stats import STATS_FILE, count, launcher_stats, stats_path
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from kernelcache.cache import Cache
     from kernelcache.entry import Entry
@@ -59,8 +64,17 @@ ENV_VARS = (
     "COMPILER_PATH",
     "SOURCE_DATE_EPOCH",
 )
-STATS_FILE = "nvcc-stats.json"
-_MANIFEST = "manifest.json"
+# The statistics names stay importable from here (the CLI and tests use them).
+__all__ = [
+    "ENV_VARS",
+    "STATS_FILE",
+    "direct_key",
+    "forget",
+    "host_compiler",
+    "launcher_stats",
+    "main",
+    "stats_path",
+]
 
 
 def main(argv: list[str]) -> int:
@@ -81,7 +95,7 @@ def main(argv: list[str]) -> int:
         if settings.disable:
             return _run_plain(nvcc, args)
         if inv.reason is not None:
-            _count(settings, "uncacheable", reason=inv.reason)
+            count(settings, "uncacheable", reason=inv.reason)
             return _run_plain(nvcc, args)
         # Without a remote tier a hit can only come from the local disk tier:
         # open that alone, and the full Cache (memory tier, statistics
@@ -131,7 +145,7 @@ def _cached(
         with open(inv.source or "", "rb") as f:
             source = f.read()
     except OSError as exc:
-        _count(settings, "uncacheable", reason=f"cannot read input ({type(exc).__name__})")
+        count(settings, "uncacheable", reason=f"cannot read input ({type(exc).__name__})")
         return _run_plain(nvcc, args)
     basedir = _basedir()
     direct = direct_key(nvcc, inv, source)
@@ -146,10 +160,12 @@ def _cached(
             return _without_cache(nvcc, args, exc)
     try:
         hit = _lookup(cache.get, direct, basedir)
-        if hit is not None and _restore(inv, hit[1], basedir):
-            _count(settings, "hits", saved=float(hit[1].meta.get("compile_seconds", 0.0)))
+        if hit is not None and restore(inv, hit[1], basedir):
+            count(settings, "hits", saved=float(hit[1].meta.get("compile_seconds", 0.0)))
             return 0
-        return _compile(cache, settings, nvcc, args, inv, direct, basedir)
+        from kernelcache.nvcc_compile import compile_and_cache
+
+        return compile_and_cache(cache, settings, nvcc, args, inv, direct, basedir)
     finally:
         cache.close()
 
@@ -172,13 +188,13 @@ def _disk_hit(
         hit = _lookup(disk.get, direct, basedir)
     except StoreError:
         return False  # counted by the Cache's own look, if its tier fails again
-    if hit is None or not _restore(inv, hit[1], basedir):
+    if hit is None or not restore(inv, hit[1], basedir):
         return False
     manifest, result = hit
     recorder.hit(0, direct, manifest)
     recorder.hit(0, result.key or "", result)
     recorder.flush()
-    _count(settings, "hits", saved=float(result.meta.get("compile_seconds", 0.0)))
+    count(settings, "hits", saved=float(result.meta.get("compile_seconds", 0.0)))
     return True
 
 
@@ -219,83 +235,17 @@ def direct_key(nvcc: str, inv: Invocation, source: bytes) -> str:
     return builder.hexdigest()
 
 
-def result_key(direct: str, rows: list[list[Any]]) -> str:
-    from kernelcache.keys import KeyBuilder
-
-    return (
-        KeyBuilder("kernelcache.nvcc.result")
-        .add("direct", direct)
-        .add("deps", nvcc_deps.result_rows(rows))
-        .hexdigest()
-    )
-
-
-def _variants(manifest: Entry | None) -> list[dict[str, Any]]:
-    if manifest is None:
-        return []
-    try:
-        variants = json.loads(manifest[_MANIFEST])
-    except (KeyError, ValueError):
-        return []  # a foreign or damaged manifest is a miss
-    return variants if isinstance(variants, list) else []
-
-
 def _lookup(
     get: Callable[[str], Entry | None], direct: str, basedir: str | None
 ) -> tuple[Entry, Entry] | None:
     """``(manifest, result)`` of the variant whose dependencies are unchanged, or ``None``."""
     manifest = get(direct)
-    for variant in _variants(manifest):
+    for variant in nvcc_deps.variants(manifest):
         if nvcc_deps.matches(variant.get("deps", []), basedir):
             result = get(str(variant.get("result")))
             if result is not None and manifest is not None:
                 return manifest, result
     return None
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write ``path`` so that it is never seen partially written (make trusts mtimes).
-
-    The old file is unlinked before the rename: on ext4, renaming over (or
-    truncating) a file forces a flush of the new data (``auto_da_alloc``),
-    which cost ~2 ms per output here.
-    """
-    tmp = f"{path}.kctmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _restore(inv: Invocation, result: Entry, basedir: str | None) -> bool:
-    """Write the cached outputs; ``False`` (nvcc then runs) if they cannot be written."""
-    try:
-        depfile = None
-        if inv.depfile is not None:
-            depfile = nvcc_deps.from_stored(result["depfile"], basedir)
-            if not result.meta.get("explicit_target"):
-                depfile = os.fsencode(inv.output or "") + depfile
-        _write_atomic(inv.output or "", result["output"])
-        if depfile is not None:
-            _write_atomic(inv.depfile or "", depfile)
-    except (OSError, KeyError, ValueError):
-        return False
-    _replay(result["stdout"], result["stderr"])
-    return True
-
-
-def _replay(stdout: bytes, stderr: bytes) -> None:
-    for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
-        if data:
-            stream.flush()
-            stream.buffer.write(data)
-            stream.buffer.flush()
 
 
 def _run_plain(nvcc: str, args: list[str]) -> int:
@@ -306,152 +256,6 @@ def _run_plain(nvcc: str, args: list[str]) -> int:
     except OSError as exc:
         print(f"kernelcache: cannot run {nvcc}: {exc}", file=sys.stderr)
         return 127
-
-
-def _compile(
-    cache: Cache,
-    settings: Settings,
-    nvcc: str,
-    args: list[str],
-    inv: Invocation,
-    direct: str,
-    basedir: str | None,
-) -> int:
-    """Run nvcc on a miss, pass its results through, and cache them if nothing raced."""
-    import subprocess
-    import tempfile
-
-    fd, own_dep = tempfile.mkstemp(prefix="kernelcache-", suffix=".d")
-    os.close(fd)
-    try:
-        # Without a user -MD, nvcc writes its dependency list for us in the same
-        # run: no separate preprocessor pass (the output is unchanged by -MD).
-        extra = ["-MD", "-MF", own_dep] if inv.depmode is None else []
-        started = time.time_ns()
-        try:
-            proc = subprocess.run([nvcc, *args, *extra], capture_output=True, check=False)
-        except OSError as exc:
-            print(f"kernelcache: cannot run {nvcc}: {exc}", file=sys.stderr)
-            return 127
-        elapsed = (time.time_ns() - started) / 1e9
-        _replay(proc.stdout, proc.stderr)
-        if proc.returncode != 0:
-            _count(settings, "failed")
-            return proc.returncode
-        why = _store(cache, nvcc, args, inv, direct, basedir, proc, own_dep, started, elapsed)
-        _count(settings, "misses" if why is None else "uncacheable", reason=why)
-        return 0
-    finally:
-        os.unlink(own_dep)
-
-
-def _store(
-    cache: Cache,
-    nvcc: str,
-    args: list[str],
-    inv: Invocation,
-    direct: str,
-    basedir: str | None,
-    proc: Any,
-    own_dep: str,
-    started: int,
-    elapsed: float,
-) -> str | None:
-    """Cache a successful compile; returns why it was not cached, or ``None``."""
-    from kernelcache.entry import Entry
-
-    try:
-        with open(inv.output or "", "rb") as f:
-            output = f.read()
-        user_dep = None
-        if inv.depfile is not None:
-            with open(inv.depfile, "rb") as f:
-                user_dep = f.read()
-        if inv.depmode is None:
-            with open(own_dep, "rb") as f:
-                full = f.read()
-        elif inv.depmode == "-MMD":
-            full = _system_deps(nvcc, args)
-        else:
-            full = user_dep or b""
-        rows = nvcc_deps.record(nvcc_deps.parse_depfile(full)[1], basedir, started)
-    except (OSError, ValueError) as exc:
-        return f"outputs or dependencies unreadable ({type(exc).__name__})"
-    if rows is None:
-        return "an input changed during the compile"
-    artifacts = {"output": output, "stdout": proc.stdout, "stderr": proc.stderr}
-    if user_dep is not None:
-        body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.output or "")
-        if body is None:
-            return "dependency file does not start with the output name"
-        artifacts["depfile"] = nvcc_deps.to_stored(body, basedir)
-    meta = {"compile_seconds": round(elapsed, 6), "explicit_target": inv.deptarget}
-    result = result_key(direct, rows)
-    cache.put(result, Entry(artifacts, meta))
-    variants = nvcc_deps.add_variant(_variants(cache.get(direct)), rows, result)
-    cache.put(direct, Entry({_MANIFEST: json.dumps(variants).encode()}))
-    return None
-
-
-def _system_deps(nvcc: str, args: list[str]) -> bytes:
-    """Full dependencies for an ``-MMD`` compile, whose own file omits system headers."""
-    import subprocess
-
-    from kernelcache.nvcc_args import dependency_only
-
-    proc = subprocess.run([nvcc, *dependency_only(args)], capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise ValueError("nvcc -M failed")
-    return bytes(proc.stdout)
-
-
-def stats_path(settings: Settings | None = None) -> str:
-    from kernelcache.settings import Settings
-
-    return os.path.join((settings or Settings.load()).dir, STATS_FILE)
-
-
-def launcher_stats(settings: Settings | None = None) -> dict[str, Any]:
-    """Counters of every launcher call on this cache directory (all processes)."""
-    try:
-        with open(stats_path(settings), "rb") as f:
-            data = json.loads(f.read() or b"{}")
-    except (OSError, ValueError):
-        data = {}
-    return data if isinstance(data, dict) else {}
-
-
-def _count(settings: Settings, field: str, reason: str | None = None, saved: float = 0.0) -> None:
-    """Add one to ``field`` (and to ``reasons[reason]``) in the shared stats file, under flock."""
-    import fcntl
-
-    path = stats_path(settings)
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        return  # statistics never fail a build
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, 1 << 20, 0)
-        try:
-            data = json.loads(raw or b"{}")
-        except ValueError:
-            data = {}
-        data[field] = int(data.get(field, 0)) + 1
-        if reason is not None:
-            reasons = data.setdefault("reasons", {})
-            reasons[reason] = int(reasons.get(reason, 0)) + 1
-        if saved:
-            data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
-        encoded = json.dumps(data, sort_keys=True).encode()
-        # Pad instead of truncating: truncating a file with data makes ext4
-        # flush it (auto_da_alloc), ~3 ms per call. JSON allows trailing spaces.
-        os.pwrite(fd, encoded.ljust(len(raw)), 0)
-    except OSError:
-        return
-    finally:
-        os.close(fd)
 
 
 def forget(argv: list[str], cache: Cache | None = None) -> int:
@@ -472,5 +276,5 @@ def forget(argv: list[str], cache: Cache | None = None) -> int:
         from kernelcache.cache import Cache
 
         cache = Cache()
-    results = [str(v.get("result")) for v in _variants(cache.get(direct))]
+    results = [str(v.get("result")) for v in nvcc_deps.variants(cache.get(direct))]
     return sum(cache.delete(key) for key in [*results, direct])

@@ -12,6 +12,7 @@ its preprocessor (ccache's "direct mode").
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from kernelcache.entry import Entry
+
 #: Variants kept per manifest (newest first): enough for a few header states
 #: per source, bounded so a manifest stays small.
 MAX_VARIANTS = 8
@@ -34,6 +37,8 @@ RACE_SLOP_NS = 20_000_000
 #: Files changed this recently are recorded without a stat signature, so the
 #: next call hashes their content ("file too new" in ccache).
 TOO_NEW_NS = 2_000_000_000
+#: The manifest's one artifact: its variants as JSON.
+MANIFEST = "manifest.json"
 
 
 def parse_depfile(text: bytes) -> tuple[bytes, list[str]]:
@@ -139,3 +144,14 @@ def add_variant(
     """``variants`` with ``(rows, result)`` first and older duplicates of ``result`` dropped."""
     kept = [v for v in variants if v.get("result") != result]
     return [{"deps": rows, "result": result}, *kept][:MAX_VARIANTS]
+
+
+def variants(manifest: Entry | None) -> list[dict[str, Any]]:
+    """The variants recorded in a manifest entry (none for a missing or damaged one)."""
+    if manifest is None:
+        return []
+    try:
+        found = json.loads(manifest[MANIFEST])
+    except (KeyError, ValueError):
+        return []  # a foreign or damaged manifest is a miss
+    return found if isinstance(found, list) else []

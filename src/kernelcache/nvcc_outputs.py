@@ -1,0 +1,66 @@
+"""What a launcher hit writes: the output, the dependency file, nvcc's messages.
+
+Each file is written atomically and byte-identical to what nvcc wrote on the
+miss; the dependency file gets this call's ``-o`` as its target unless the
+compile named one (``-MT``). The miss path replays nvcc's stdout and
+stderr with :func:`replay` too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from kernelcache import nvcc_deps
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from kernelcache.entry import Entry
+    from kernelcache.nvcc_args import Invocation
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write ``path`` so that it is never seen partially written (make trusts mtimes).
+
+    The old file is unlinked before the rename: on ext4, renaming over (or
+    truncating) a file forces a flush of the new data (``auto_da_alloc``),
+    which cost ~2 ms per output here.
+    """
+    tmp = f"{path}.kctmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def restore(inv: Invocation, result: Entry, basedir: str | None) -> bool:
+    """Write the cached outputs; ``False`` (nvcc then runs) if they cannot be written."""
+    try:
+        depfile = None
+        if inv.depfile is not None:
+            depfile = nvcc_deps.from_stored(result["depfile"], basedir)
+            if not result.meta.get("explicit_target"):
+                depfile = os.fsencode(inv.output or "") + depfile
+        write_atomic(inv.output or "", result["output"])
+        if depfile is not None:
+            write_atomic(inv.depfile or "", depfile)
+    except (OSError, KeyError, ValueError):
+        return False
+    replay(result["stdout"], result["stderr"])
+    return True
+
+
+def replay(stdout: bytes, stderr: bytes) -> None:
+    for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
+        if data:
+            stream.flush()
+            stream.buffer.write(data)
+            stream.buffer.flush()

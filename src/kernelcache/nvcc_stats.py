@@ -1,0 +1,69 @@
+"""Launcher statistics: ``nvcc-stats.json`` in the cache directory, shared by all processes.
+
+Every ``kernelcache nvcc`` call adds one to a counter (hits, misses,
+uncacheable with its reason, failed) under an flock; ``kernelcache stats``
+reads them back with :func:`launcher_stats`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from kernelcache.settings import Settings
+
+STATS_FILE = "nvcc-stats.json"
+
+
+def stats_path(settings: Settings | None = None) -> str:
+    from kernelcache.settings import Settings
+
+    return os.path.join((settings or Settings.load()).dir, STATS_FILE)
+
+
+def launcher_stats(settings: Settings | None = None) -> dict[str, Any]:
+    """Counters of every launcher call on this cache directory (all processes)."""
+    try:
+        with open(stats_path(settings), "rb") as f:
+            data = json.loads(f.read() or b"{}")
+    except (OSError, ValueError):
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def count(settings: Settings, field: str, reason: str | None = None, saved: float = 0.0) -> None:
+    """Add one to ``field`` (and to ``reasons[reason]``) in the shared stats file, under flock."""
+    import fcntl
+
+    path = stats_path(settings)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return  # statistics never fail a build
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 1 << 20, 0)
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            data = {}
+        data[field] = int(data.get(field, 0)) + 1
+        if reason is not None:
+            reasons = data.setdefault("reasons", {})
+            reasons[reason] = int(reasons.get(reason, 0)) + 1
+        if saved:
+            data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
+        encoded = json.dumps(data, sort_keys=True).encode()
+        # Pad instead of truncating: truncating a file with data makes ext4
+        # flush it (auto_da_alloc), ~3 ms per call. JSON allows trailing spaces.
+        os.pwrite(fd, encoded.ljust(len(raw)), 0)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
