@@ -51,6 +51,22 @@ def validate_key(key: object) -> str:
     return key
 
 
+def is_valid_key(key: object) -> bool:
+    """Whether :func:`validate_key` accepts ``key``; listings skip names that fail it."""
+    try:
+        validate_key(key)
+    except ValueError:
+        return False
+    return True
+
+
+def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
+    """Raise ``ValueError`` unless each size cap is a positive int or ``None``."""
+    for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+
+
 class Counters:
     """What a tier did since this process opened it.
 

@@ -34,7 +34,14 @@ import xxhash
 
 from kernelcache.entry import Entry, header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, FlightLock, Store, validate_key
+from kernelcache.stores.base import (
+    EntryInfo,
+    FlightLock,
+    Store,
+    check_caps,
+    is_valid_key,
+    validate_key,
+)
 from kernelcache.stores.lockfile import FileFlightLock
 
 SHARDS = 16
@@ -89,9 +96,7 @@ class DiskStore(Store):
         durable: bool = False,
     ) -> None:
         super().__init__(read_only=read_only)
-        for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        check_caps(max_bytes, max_entries)
         self.path = os.path.abspath(os.fspath(path))
         self.max_bytes = max_bytes
         self.max_entries = max_entries
@@ -632,7 +637,7 @@ def _entry_key(item: os.DirEntry[str], shard: str) -> str | None:
     if not name.endswith(SUFFIX):
         return None
     key = name[: -len(SUFFIX)]
-    if _is_foreign(key) or _shard(key) != shard or not item.is_file(follow_symlinks=False):
+    if not is_valid_key(key) or _shard(key) != shard or not item.is_file(follow_symlinks=False):
         return None
     return key
 
@@ -641,14 +646,6 @@ def _extracted_key(item: os.DirEntry[str]) -> str | None:
     """The key of extraction directory ``<key>.<tag>``, or ``None`` for a foreign item
     (a foreign file there made cleaning fail with NotADirectoryError)."""
     key, _, tag = item.name.rpartition(".")
-    if _TAG_RE.fullmatch(tag) is None or _is_foreign(key):
+    if _TAG_RE.fullmatch(tag) is None or not is_valid_key(key):
         return None
     return key if item.is_dir(follow_symlinks=False) else None
-
-
-def _is_foreign(key: str) -> bool:
-    try:
-        validate_key(key)
-    except ValueError:
-        return True
-    return False
