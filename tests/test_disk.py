@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from kernelcache import Cache, Entry, StoreError
-from kernelcache.stores import disk
-from kernelcache.stores.disk import SHARDS, DiskStore, _shard
+from kernelcache.stores import disk, disk_space
+from kernelcache.stores.disk import SHARDS, DiskStore
+from kernelcache.stores.disk_space import shard_of
 
 
 def entry_of(tag: str, size: int = 2000) -> Entry:
@@ -22,14 +23,14 @@ def entry_of(tag: str, size: int = 2000) -> Entry:
 
 
 def entry_file(store: DiskStore, key: str) -> Path:
-    return Path(store._entry_path(key, _shard(key)))
+    return Path(store._entry_path(key, shard_of(key)))
 
 
 def keys_in_shard(shard: str, count: int, prefix: str = "k") -> list[str]:
     keys: list[str] = []
     i = 0
     while len(keys) < count:
-        if _shard(f"{prefix}{i}") == shard:
+        if shard_of(f"{prefix}{i}") == shard:
             keys.append(f"{prefix}{i}")
         i += 1
     return keys
@@ -102,7 +103,7 @@ def test_foreign_files_are_ignored(tmp_path: Path) -> None:
 def test_extracted_files_of_dotted_keys_are_separate(tmp_path: Path) -> None:
     """Removing key "a" must not remove the files extracted for key "a.b"."""
     store = DiskStore(tmp_path / "c")
-    short = next(f"a{i}" for i in range(1000) if _shard(f"a{i}") == _shard(f"a{i}.b"))
+    short = next(f"a{i}" for i in range(1000) if shard_of(f"a{i}") == shard_of(f"a{i}.b"))
     for key in (short, f"{short}.b"):
         store.put(key, entry_of(key))
     got = store.get(f"{short}.b")
@@ -384,8 +385,8 @@ def test_damaged_extraction_is_redone(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "counter",
     [
-        pytest.param(disk._COUNTER.pack(10**12, 1), id="inflated-bytes"),
-        pytest.param(disk._COUNTER.pack(1, 10**6), id="inflated-entries"),
+        pytest.param(disk_space._COUNTER.pack(10**12, 1), id="inflated-bytes"),
+        pytest.param(disk_space._COUNTER.pack(1, 10**6), id="inflated-entries"),
     ],
 )
 def test_shard_recount_repairs_inflated_counters(tmp_path: Path, counter: bytes) -> None:

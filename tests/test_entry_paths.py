@@ -1,6 +1,6 @@
 """Entry.path() on disk-tier entries: one folder per entry, re-extracted when removed.
 
-Guards the shortcut in DiskStore._materialize that derives the folder from an
+Guards the shortcut in the disk tier's Extractor.materialize that derives the folder from an
 already known path instead of re-hashing every artifact for each name.
 """
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import StoreFactory
 from kernelcache import Entry, ReadOnlyStoreError, StoreError
-from kernelcache.stores import disk, sqlite
+from kernelcache.stores import disk, disk_space, sqlite
 from kernelcache.stores.base import Store
 
 # An artifact holding every byte value, an empty one and a larger one with no pattern.
@@ -38,7 +38,7 @@ def one_shard_keys(prefix: str) -> Iterator[str]:
     i = 0
     while True:
         key = f"{prefix}{i:05d}"
-        if disk._shard(key) == "0":
+        if disk_space.shard_of(key) == "0":
             yield key
         i += 1
 

@@ -14,59 +14,63 @@ SIGKILL. Not power-loss durable unless ``durable=True`` (fsync before publish).
 Size caps are enforced per shard, as ccache does, so a put never scans the
 whole cache: a shard that grows past ``max_bytes / 16`` is cleaned by the
 writer that noticed, under the shard's lock, down to 90 % of its share.
+
+This module is the store itself (layout, get/put/delete, listing, locks);
+the shards' counters and eviction are in ``disk_space.py``, the extraction of
+artifacts for ``Entry.path()`` in ``disk_files.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import functools
 import os
-import re
-import struct
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
 
-import xxhash
-
-from kernelcache.entry import Entry, header_size, parse_header
+from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, FlightLock, Store, validate_key
+from kernelcache.stores.base import EntryInfo, FlightLock, Store, check_caps, validate_key
+from kernelcache.stores.disk_files import Extractor, unique
+from kernelcache.stores.disk_space import (
+    LOW_WATER,
+    SHARDS,
+    SUFFIX,
+    ShardSpace,
+    entry_key,
+    shard_of,
+)
 from kernelcache.stores.lockfile import FileFlightLock
 
-SHARDS = 16
-SUFFIX = ".kce"
+__all__ = [
+    "LOW_WATER",
+    "SHARDS",
+    "STALE_STAGING_SECONDS",
+    "SUFFIX",
+    "TOUCH_INTERVAL",
+    "DiskStore",
+]
+
 #: Staging files older than this belong to a crashed writer and are swept.
 STALE_STAGING_SECONDS = 3600.0
 #: A hit refreshes the entry's mtime (its LRU clock) at most this often.
 TOUCH_INTERVAL = 60.0
-#: Cleaning stops when a shard is down to this fraction of its cap.
-LOW_WATER = 0.9
 #: Entries up to this size are read in one call; of larger ones, the first
 #: _HEAD_READ bytes (the header, usually a few hundred bytes) come first and
 #: then each artifact straight into its own buffer: copying 8 KB of a big
 #: artifact twice costs more (~0.6 us at 64 KB) than it saves.
 _FIRST_READ = 8192
 _HEAD_READ = 2048
-_COUNTER = struct.Struct("<qq")  # bytes, entries
-_TAG_RE = re.compile(r"[0-9a-f]{16}")  # xxh3_64 hex of an extracted entry's contents
-_T = TypeVar("_T")
-
-
-def _unique() -> str:
-    """A random name part; ``uuid`` would cost its import (and ``platform``) on every launch."""
-    return os.urandom(16).hex()
-
-
-_SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
 _OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
 
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from typing import TypeVar
 
-def _shard(key: str) -> str:
-    return _SHARD_NAMES[xxhash.xxh32_intdigest(key.encode()) % SHARDS]
+    from kernelcache.entry import Entry
+
+    _T = TypeVar("_T")
 
 
 class DiskStore(Store):
@@ -89,9 +93,7 @@ class DiskStore(Store):
         durable: bool = False,
     ) -> None:
         super().__init__(read_only=read_only)
-        for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        check_caps(max_bytes, max_entries)
         self.path = os.path.abspath(os.fspath(path))
         self.max_bytes = max_bytes
         self.max_entries = max_entries
@@ -102,9 +104,8 @@ class DiskStore(Store):
         self._staging = os.path.join(self._base, "staging")
         self._shards = os.path.join(self._base, "shards")
         self.locks_dir = os.path.join(self._base, "locks")
-        self._counter_fds: dict[str, int] = {}
-        self._shard_locks: dict[str, threading.Lock] = {}
-        self._counter_pid = os.getpid()
+        self._space = ShardSpace(self)
+        self._extractor = Extractor(self)
         if not read_only:
             self._guard(self._create_layout)
             self._guard(self._sweep_staging)
@@ -168,7 +169,7 @@ class DiskStore(Store):
             return None  # this process cannot publish here, so it cannot end anyone's wait
         validate_key(key)
         return FileFlightLock(
-            f"{self.locks_dir}/{_shard(key)}/{key}.lock", on_error=lambda: self._count("errors")
+            f"{self.locks_dir}/{shard_of(key)}/{key}.lock", on_error=lambda: self._count("errors")
         )
 
     # Reads -------------------------------------------------------------
@@ -176,7 +177,7 @@ class DiskStore(Store):
         # Validated up front: a key like "../../x" would otherwise read, and if
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
-        shard = _shard(key)
+        shard = shard_of(key)
         path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # _entry_path, inlined: the hit path
         try:
             fd = os.open(path, _OPEN_READ)
@@ -204,7 +205,7 @@ class DiskStore(Store):
             os.close(fd)
         self.counters.hits += 1
         self.counters.bytes_read += st.st_size
-        entry._materialize = self._materialize
+        entry._materialize = self._extractor.materialize
         return entry
 
     @staticmethod
@@ -225,17 +226,17 @@ class DiskStore(Store):
     def put(self, key: str, entry: Entry) -> None:
         validate_key(key)
         self._check_writable()
-        shard = _shard(key)
+        shard = shard_of(key)
         path = self._entry_path(key, shard)
         parts = entry.pack_parts(key)
         size = sum(map(len, parts))
-        tmp = f"{self._staging}/{key[:64]}.{_unique()}.tmp"
+        tmp = f"{self._staging}/{key[:64]}.{unique()}.tmp"
         try:
             self._write_file(tmp, parts)
             # Publish and account under the shard lock: the size replaced must be
             # the one removed, or concurrent puts and deletes of a key make the
             # counters drift (and an undercount lets the shard outgrow its cap).
-            with self._locked(shard) as fd:
+            with self._space.locked(shard) as fd:
                 try:
                     old: int | None = os.stat(path).st_size
                 except FileNotFoundError:
@@ -244,7 +245,9 @@ class DiskStore(Store):
                 os.replace(tmp, path)
                 self._count("puts")
                 self._count("bytes_written", size)
-                self._account_locked(fd, shard, size - (old or 0), 0 if old is not None else 1)
+                self._space.account_locked(
+                    fd, shard, size - (old or 0), 0 if old is not None else 1
+                )
         except OSError as exc:
             self._count("errors")
             # The file may not exist yet (open failed) or any more (renamed).
@@ -256,7 +259,7 @@ class DiskStore(Store):
             # published copy here: path() should give files inside this tier,
             # capped and shared, not copies in a per-process temp directory.
             entry.key = key
-            entry._materialize = self._materialize
+            entry._materialize = self._extractor.materialize
 
     def _write_file(self, tmp: str, parts: list[bytes]) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -273,7 +276,7 @@ class DiskStore(Store):
     def delete(self, key: str) -> bool:
         validate_key(key)
         self._check_writable()
-        shard = _shard(key)
+        shard = shard_of(key)
         removed = self._guard(lambda: self._remove(self._entry_path(key, shard), key, shard))
         if removed:
             self._count("deletes")
@@ -292,15 +295,15 @@ class DiskStore(Store):
         ``folders``: the entry's extracted folders, when the caller listed them
         already (clear() lists each shard once instead of once per entry).
         """
-        with self._locked(shard) as fd:
+        with self._space.locked(shard) as fd:
             st = self._unlink_guarded(path, expect_ino)
             if st is None:
                 return False
             if folders is None:
-                freed = st.st_size + self._remove_extracted(key, shard)
+                freed = st.st_size + self._extractor.remove(key, shard)
             else:
-                freed = st.st_size + sum(self._rmtree_atomic(folder) for folder in folders)
-            self._account_locked(fd, shard, -freed, -1)
+                freed = st.st_size + sum(self._extractor.rmtree(folder) for folder in folders)
+            self._space.account_locked(fd, shard, -freed, -1)
         return True
 
     def _unlink_guarded(self, path: str, expect_ino: int | None) -> os.stat_result | None:
@@ -311,7 +314,7 @@ class DiskStore(Store):
         the key after the caller decided, that new file is linked back and
         survives; EEXIST there means an even newer entry is in place already.
         """
-        trash = f"{self._staging}/trash.{_unique()}"
+        trash = f"{self._staging}/trash.{unique()}"
         try:
             os.rename(path, trash)
         except FileNotFoundError:
@@ -325,183 +328,6 @@ class DiskStore(Store):
             return None
         os.unlink(trash)
         return st
-
-    # Files for loaders -------------------------------------------------
-    def _materialize(self, entry: Entry, name: str) -> str:
-        key = entry.key or ""
-        shard = _shard(key)
-        # All artifacts of an entry share one folder: once one path is known,
-        # so is the folder. Re-hashing every artifact for each name made n
-        # path() calls cost n^2 (~140 us for a 7-file Triton group).
-        known = next(iter(entry._paths.values()), None)
-        if known is not None:
-            folder = os.path.dirname(known)
-        else:
-            digest = xxhash.xxh3_64()
-            for n, data in entry.items():
-                digest.update(n.encode() + b"\0" + len(data).to_bytes(8, "little"))
-                digest.update(data)
-            folder = f"{self._files}/{shard}/{key}.{digest.hexdigest()}"
-        target = os.path.join(folder, name)
-
-        def extract() -> None:
-            try:
-                if os.path.getsize(target) == len(entry[name]):
-                    return
-            except FileNotFoundError:
-                pass  # not extracted yet
-            self._extract(entry, folder, shard)
-
-        self._guard(extract)  # other OS errors: a broken tier, counted
-        return target
-
-    def _extract(self, entry: Entry, folder: str, shard: str) -> None:
-        if os.path.isdir(folder):
-            if _is_complete(folder, entry):
-                # Another thread or process extracted it since the caller looked;
-                # removing it would pull the file from under a loader using it.
-                return
-            freed = self._rmtree_atomic(folder)  # damaged (a file missing or cut): redo it
-            self._account(shard, -freed, 0)
-        staging = f"{self._staging}/extract.{_unique()}"
-        os.mkdir(staging, 0o700)
-        for name, data in entry.items():
-            self._write_file(os.path.join(staging, name), [data])
-        try:
-            os.rename(staging, folder)
-        except OSError as exc:
-            import shutil  # deferred: off the launcher's hit path
-
-            shutil.rmtree(staging)
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-            return  # benign race: another process extracted the same entry first
-        self._account(shard, sum(map(len, entry.values())), 0)
-
-    def _extracted_folders(self, shard: str) -> dict[str, list[str]]:
-        """Every extracted folder of a shard, by key (one listing of files/<shard>)."""
-        folders: dict[str, list[str]] = {}
-        with os.scandir(f"{self._files}/{shard}") as it:
-            for item in it:
-                key = _extracted_key(item)
-                if key is not None:  # else foreign: neither counted nor touched
-                    folders.setdefault(key, []).append(item.path)
-        return folders
-
-    def _remove_extracted(self, key: str, shard: str) -> int:
-        freed = 0
-        # An exact match: a prefix test would also take key "a.b"'s files for key "a".
-        with os.scandir(f"{self._files}/{shard}") as it:
-            folders = [item.path for item in it if _extracted_key(item) == key]
-        for folder in folders:
-            freed += self._rmtree_atomic(folder)
-        return freed
-
-    def _rmtree_atomic(self, folder: str) -> int:
-        trash = f"{self._staging}/trash.{_unique()}"
-        try:
-            os.rename(folder, trash)
-        except FileNotFoundError:
-            return 0
-        size = _tree_size(trash)
-        import shutil  # deferred: off the launcher's hit path
-
-        shutil.rmtree(trash)
-        return size
-
-    # Size accounting and eviction -------------------------------------
-    @contextlib.contextmanager
-    def _locked(self, shard: str) -> Iterator[int]:
-        """Hold shard ``shard`` against other threads and processes; yields its counter fd.
-
-        flock belongs to the open file description, so threads sharing the
-        descriptor are not excluded by it (hence the thread lock), and a forked
-        child shares it with its parent (hence new descriptors and locks after fork).
-        """
-        if self._counter_pid != os.getpid():
-            self._counter_fds = {}
-            self._shard_locks = {}
-            self._counter_pid = os.getpid()
-        lock = self._shard_locks.get(shard)
-        if lock is None:
-            lock = self._shard_locks.setdefault(shard, threading.Lock())
-        with lock:
-            fd = self._counter_fds.get(shard)
-            if fd is None:
-                fd = os.open(
-                    f"{self._shards}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                )
-                self._counter_fds[shard] = fd
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield fd
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _account(self, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        with self._locked(shard) as fd:
-            self._account_locked(fd, shard, delta_bytes, delta_entries)
-
-    def _account_locked(self, fd: int, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        size, count = _read_counter(fd)
-        size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
-        if self._over_cap(size, count):
-            size, count = self._clean_shard(shard)
-        os.pwrite(fd, _COUNTER.pack(size, count), 0)
-
-    def _shard_caps(self) -> tuple[float | None, float | None]:
-        return (
-            None if self.max_bytes is None else self.max_bytes / SHARDS,
-            None if self.max_entries is None else self.max_entries / SHARDS,
-        )
-
-    def _over_cap(self, size: int, count: int, fraction: float = 1.0) -> bool:
-        cap_bytes, cap_entries = self._shard_caps()
-        return (cap_bytes is not None and size > cap_bytes * fraction) or (
-            cap_entries is not None and count > cap_entries * fraction
-        )
-
-    def _clean_shard(self, shard: str) -> tuple[int, int]:
-        """Recount a shard from the files and evict its least recently used entries.
-
-        Called with the shard's lock held, so one process cleans a shard at a
-        time; the recount also repairs counters left stale by crashed writers.
-        """
-        folders = self._extracted_folders(shard)
-        extracted = {key: sum(map(_tree_size, paths)) for key, paths in folders.items()}
-        entries = []
-        with os.scandir(f"{self._entries}/{shard}") as it:
-            for item in it:
-                key = _entry_key(item, shard)
-                if key is None:
-                    continue  # foreign file: neither counted nor touched
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
-        live = {e[1] for e in entries}
-        for key in extracted.keys() - live:  # left by a process killed mid-removal
-            for folder in folders[key]:
-                self._rmtree_atomic(folder)
-        size = sum(e[3] for e in entries)
-        count = len(entries)
-        entries.sort()
-        for _mtime, key, ino, entry_size in entries:
-            if not self._over_cap(size, count, LOW_WATER):
-                break
-            # The caller holds the shard lock and writes the recounted totals.
-            if self._unlink_guarded(self._entry_path(key, shard), ino) is not None:
-                # Not _remove_extracted: a scan of the shard's folders per evicted
-                # entry made cleaning quadratic when entries had been extracted.
-                # A folder extracted since the scan above is an orphan that the
-                # next cleaning removes (as for a process killed mid-removal).
-                for folder in folders.get(key, ()):
-                    self._rmtree_atomic(folder)
-                size -= entry_size
-                count -= 1
-                self._count("evictions")
-        return size, count
 
     # Listing -----------------------------------------------------------
     def keys(self) -> Iterator[str]:
@@ -519,7 +345,7 @@ class DiskStore(Store):
         except FileNotFoundError:
             return
         for item in items:
-            key = _entry_key(item, shard)
+            key = entry_key(item, shard)
             if key is None:
                 continue  # foreign files are neither listed nor touched
             try:
@@ -533,7 +359,7 @@ class DiskStore(Store):
     def info(self, key: str) -> EntryInfo | None:
         """Size and times of one entry from its file's metadata, or ``None``."""
         validate_key(key)
-        path = self._entry_path(key, _shard(key))
+        path = self._entry_path(key, shard_of(key))
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -549,7 +375,7 @@ class DiskStore(Store):
         was taken, the newer entry survives and ``False`` is returned.
         """
         self._check_writable()
-        shard = _shard(info.key)
+        shard = shard_of(info.key)
         path = self._entry_path(info.key, shard)
         ino = info.extra.get("ino")
         removed = self._guard(lambda: self._remove(path, info.key, shard, expect_ino=ino))
@@ -559,16 +385,7 @@ class DiskStore(Store):
 
     def usage(self) -> tuple[int, int]:
         """From the shard counters: cheap, exact when no writer crashed mid-put."""
-        total_bytes = total_entries = 0
-        for i in range(SHARDS):
-            try:
-                with open(f"{self._shards}/{i:x}", "rb") as f:
-                    size, count = _read_counter(f.fileno())
-            except FileNotFoundError:
-                continue
-            total_bytes += size
-            total_entries += count
-        return total_entries, total_bytes
+        return self._space.usage()
 
     def clear(self) -> int:
         self._check_writable()
@@ -578,7 +395,7 @@ class DiskStore(Store):
             # Listed once per shard: a listing per entry made clear() quadratic
             # once entries had been extracted (16 s for 16k entries, 1 ms each).
             # A folder extracted meanwhile is an orphan the next cleaning sweeps.
-            folders = self._guard(functools.partial(self._extracted_folders, shard))
+            folders = self._guard(functools.partial(self._extractor.folders, shard))
             for info in list(self._scan_shard(shard)):
                 path = self._entry_path(info.key, shard)
                 own = folders.get(info.key, [])
@@ -587,68 +404,5 @@ class DiskStore(Store):
         return removed
 
     def close(self) -> None:
-        if self._counter_pid == os.getpid():
-            for fd in self._counter_fds.values():
-                os.close(fd)
-        self._counter_fds = {}
+        self._space.close()
         super().close()
-
-
-def _read_counter(fd: int) -> tuple[int, int]:
-    raw = os.pread(fd, _COUNTER.size, 0)
-    if len(raw) != _COUNTER.size:
-        return 0, 0  # new or damaged counter: the next cleaning recounts the shard
-    size, count = _COUNTER.unpack(raw)
-    return int(size), int(count)
-
-
-def _is_complete(folder: str, entry: Entry) -> bool:
-    try:
-        return all(os.path.getsize(os.path.join(folder, n)) == len(d) for n, d in entry.items())
-    except FileNotFoundError:
-        return False
-
-
-def _tree_size(folder: str) -> int:
-    total = 0
-    for dirpath, _dirs, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
-
-
-def _entry_key(item: os.DirEntry[str], shard: str) -> str | None:
-    """The key of the entry file ``item`` in shard directory ``shard``, or ``None``.
-
-    Anything else there is foreign and must be neither listed, counted nor
-    removed: other names, invalid keys, a key filed under the wrong shard, and
-    directories or links named like entries (a directory made cleaning fail
-    with IsADirectoryError on every put to its shard).
-    """
-    name = item.name
-    if not name.endswith(SUFFIX):
-        return None
-    key = name[: -len(SUFFIX)]
-    if _is_foreign(key) or _shard(key) != shard or not item.is_file(follow_symlinks=False):
-        return None
-    return key
-
-
-def _extracted_key(item: os.DirEntry[str]) -> str | None:
-    """The key of extraction directory ``<key>.<tag>``, or ``None`` for a foreign item
-    (a foreign file there made cleaning fail with NotADirectoryError)."""
-    key, _, tag = item.name.rpartition(".")
-    if _TAG_RE.fullmatch(tag) is None or _is_foreign(key):
-        return None
-    return key if item.is_dir(follow_symlinks=False) else None
-
-
-def _is_foreign(key: str) -> bool:
-    try:
-        validate_key(key)
-    except ValueError:
-        return True
-    return False

@@ -27,7 +27,7 @@ from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores import redis_config
 from kernelcache.stores import redis_format as fmt
-from kernelcache.stores.base import EntryInfo, FlightLock, Store, validate_key
+from kernelcache.stores.base import EntryInfo, FlightLock, Store, is_valid_key, validate_key
 from kernelcache.stores.redis_lease import RELEASE_LUA, RENEW_LUA, RedisLease
 
 #: Chunks not yet published expire after this long (a writer that died mid-put).
@@ -308,7 +308,7 @@ class RedisStore(Store):
         while True:
             cursor, names = self._call(self._client.scan, cursor, pattern, _SCAN_COUNT)
             keys = [n.decode(errors="replace")[len(self._entries) :] for n in names]
-            yield [k for k in keys if not _is_foreign(k)]
+            yield [k for k in keys if is_valid_key(k)]
             if cursor == 0:
                 return
 
@@ -329,17 +329,6 @@ class RedisStore(Store):
                 info = _entry_info(key, now, *replies[3 * i : 3 * i + 3])
                 if info is not None:
                     yield info
-
-    def usage(self) -> tuple[int, int]:
-        count = size = 0
-        for info in self.scan():
-            count += 1
-            size += info.size
-        return count, size
-
-    def clear(self) -> int:
-        self._check_writable()
-        return sum(1 for key in list(self.keys()) if self.delete(key))
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -371,11 +360,3 @@ def _entry_info(key: str, now: float, idle: Any, prefix: Any, strlen: Any) -> En
     if manifest:
         extra["chunks"] = manifest.chunks
     return EntryInfo(key, stored, last_access, extra=extra)
-
-
-def _is_foreign(key: str) -> bool:
-    try:
-        validate_key(key)
-    except ValueError:
-        return True
-    return False

@@ -6,7 +6,7 @@ import urllib.parse
 from typing import Any
 
 from kernelcache.errors import ConfigError
-from kernelcache.stores.base import validate_key
+from kernelcache.stores.base import is_valid_key
 from kernelcache.units import parse_age
 
 URL_OPTIONS = ("namespace", "ttl", "timeout", "readonly")
@@ -43,7 +43,7 @@ def split_url(url: str) -> tuple[str, dict[str, Any]]:
 def check_options(
     namespace: str, ttl: float | None, timeout: float, chunk_size: int, compress_min: int
 ) -> None:
-    if not isinstance(namespace, str) or not _is_key(namespace) or len(namespace) > 64:
+    if not isinstance(namespace, str) or not is_valid_key(namespace) or len(namespace) > 64:
         raise ConfigError(f"namespace {namespace!r}: use 1-64 characters of [A-Za-z0-9_.-]")
     if ttl is not None and not ttl > 0:
         raise ConfigError(f"ttl must be > 0 seconds or None, not {ttl!r}")
@@ -109,11 +109,3 @@ def connect(url: str, timeout: float) -> tuple[Any, tuple[Any, Any, Any]]:
         errors.TimeoutError,
         errors.RedisError,
     )
-
-
-def _is_key(text: str) -> bool:
-    try:
-        validate_key(text)
-    except ValueError:
-        return False
-    return True
