@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
-from kernelcache.stores.base import EntryInfo, validate_key
+from kernelcache.stores.base import EntryInfo, check_caps, validate_key
 from kernelcache.stores.sqlite_file import (
     APPLICATION_ID,
     DEFAULT_TIMEOUT,
@@ -67,9 +67,7 @@ class SQLiteStore(SQLiteFile):
         timeout: float = DEFAULT_TIMEOUT,
         durable: bool = False,
     ) -> None:
-        for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive int or None, not {value!r}")
+        check_caps(max_bytes, max_entries)
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         super().__init__(path, read_only=read_only, timeout=timeout, durable=durable)
