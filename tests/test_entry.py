@@ -129,3 +129,14 @@ def test_path_of_memory_only_entry_is_a_private_real_file() -> None:
     assert os.path.basename(path) == "kernel.cubin"
     assert entry.path("kernel.cubin") == path
     assert os.stat(os.path.dirname(os.path.dirname(path))).st_mode & 0o077 == 0
+
+
+def test_a_cut_private_copy_is_rewritten_not_handed_out() -> None:
+    data = b"\x7fELF" + b"9" * 300
+    path = Entry({"kernel.cubin": data}).path("kernel.cubin")
+    with open(path, "r+b") as f:
+        f.truncate(10)  # damaged by something outside this process
+    again = Entry({"kernel.cubin": data}).path("kernel.cubin")
+    assert again == path
+    with open(again, "rb") as f:
+        assert f.read() == data

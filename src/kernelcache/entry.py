@@ -208,7 +208,7 @@ class Entry(Mapping[str, bytes]):
         Entries read from a disk store give a file inside that store; others
         are written once to a private temporary directory of this process.
         """
-        data = self[name]
+        self[name]  # an unknown name raises KeyError here, naming the artifacts it has
         with self._lock:
             existing = self._paths.get(name)
             if existing is not None and os.path.exists(existing):
@@ -219,8 +219,7 @@ class Entry(Mapping[str, bytes]):
                 # The tier failed (disk full, removed directory): the bytes in
                 # hand are verified, so a private copy still serves the loader.
                 path = _materialize_tmp(self, name)
-            if os.path.getsize(path) != len(data):
-                raise CorruptEntry(f"materialised file {path} does not match artifact {name!r}")
+            # Both materialisers check the file's size themselves (one stat).
             self._paths[name] = path
             return path
 
@@ -405,9 +404,14 @@ def _materialize_tmp(entry: Entry, name: str) -> str:
     folder = os.path.join(_tmp_dir, xxhash.xxh3_128_hexdigest(data))
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, name)
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+    try:
+        if os.path.getsize(path) == len(data):
+            return path
+    except FileNotFoundError:
+        pass  # not written yet
+    # Missing, or cut by something outside this process: (re)write it.
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
     return path
