@@ -9,10 +9,10 @@
 The key holds the device's name and compute capability and a toolchain
 fingerprint, so a timing measured on one GPU model or compiler version is
 never served to another. Records are JSON (never pickle): tuples come back as
-lists. The default toolchain fingerprint is this module's own minimal probe
-(Python implementation and version, installed Triton version); pass
-``toolchain=`` (any JSON value, e.g. ``kernelcache.toolchain.nvrtc()`` once
-that module exists) when other compilers decide the timings.
+lists. The default toolchain fingerprint is the Python implementation and
+version plus ``kernelcache.toolchain.triton()``; pass ``toolchain=`` (any
+JSON value, e.g. ``kernelcache.toolchain.nvrtc()``) when other compilers
+decide the timings.
 """
 
 from __future__ import annotations
@@ -101,17 +101,11 @@ def current_device(index: int = 0) -> dict[str, Any]:
 @functools.cache
 def default_toolchain() -> dict[str, str]:
     """A minimal toolchain fingerprint: Python implementation and version, Triton version."""
-    from importlib import metadata
+    from kernelcache import toolchain
 
-    try:
-        triton_version = metadata.version("triton")
-    except metadata.PackageNotFoundError:
-        triton_version = "absent"
-    except (OSError, ValueError) as exc:  # a broken install must not share keys with a good one
-        triton_version = f"probe_failed:{type(exc).__name__}"
     return {
         "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "triton": triton_version,
+        "triton": toolchain.triton(),  # "probe_failed:..." when absent or broken
     }
 
 
