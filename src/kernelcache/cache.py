@@ -30,7 +30,7 @@ def default_tiers(settings: Settings) -> list[Store]:
         return []
     tiers: list[Store] = [
         MemoryStore(max_bytes=settings.memory_max_size),
-        DiskStore(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly),
+        DiskStore.from_settings(settings),
     ]
     if settings.remote:
         from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it

@@ -114,10 +114,9 @@ def main(argv: list[str]) -> int:
 
 
 def _disk_tier(settings: Settings) -> DiskStore:
-    """The disk tier exactly as :func:`kernelcache.cache.default_tiers` builds it."""
     from kernelcache.stores.disk import DiskStore
 
-    return DiskStore(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly)
+    return DiskStore.from_settings(settings)  # the same tier default_tiers opens
 
 
 def _open_cache(settings: Settings) -> Cache:

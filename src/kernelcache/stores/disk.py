@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     from kernelcache.entry import Entry
+    from kernelcache.settings import Settings
 
     _T = TypeVar("_T")
 
@@ -109,6 +110,15 @@ class DiskStore(Store):
         if not read_only:
             self._guard(self._create_layout)
             self._guard(self._sweep_staging)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DiskStore:
+        """The disk tier :class:`~kernelcache.settings.Settings` describe (dir, cap, read-only).
+
+        The one place that maps settings to a disk tier: the default Cache and
+        the launcher's disk-only hit path must open the very same store.
+        """
+        return cls(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly)
 
     def __repr__(self) -> str:
         return f"DiskStore({self.path!r})"
