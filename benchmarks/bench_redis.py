@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import redis
 
 from kernelcache import Entry
-from kernelcache.stores import redis_format as fmt
 from kernelcache.stores.redis import RedisStore
+from kernelcache.stores.redis import format as fmt
 from redis_server import RedisServer
 
 KERNELS = r"""

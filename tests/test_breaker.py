@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from kernelcache.breaker import CircuitBreaker
+from kernelcache.stores.redis.breaker import CircuitBreaker
 
 
 def test_opens_after_threshold_consecutive_failures_only() -> None:

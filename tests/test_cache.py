@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, KeyBuilder, MemoryStore, Settings
-from kernelcache.stores import disk as disk_module
+from kernelcache.stores.disk import store as disk_module
 
 KEY = KeyBuilder("test").add("k", 1).hexdigest()
 ENTRY = Entry({"kernel.cubin": b"\x7fELF" + os.urandom(4000)}, {"name": "k"})

@@ -14,8 +14,8 @@ import pytest
 import xxhash
 
 from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
-from kernelcache.cli import _split_delegated
-from kernelcache.cli_output import format_age, table
+from kernelcache.cli.main import _split_delegated
+from kernelcache.cli.output import format_age, table
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 

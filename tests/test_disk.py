@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from kernelcache import Cache, Entry, StoreError
-from kernelcache.stores import disk, disk_space
+from kernelcache.stores import disk
 from kernelcache.stores.disk import SHARDS, DiskStore
-from kernelcache.stores.disk_space import shard_of
+from kernelcache.stores.disk import space as disk_space
+from kernelcache.stores.disk.space import shard_of
 
 
 def entry_of(tag: str, size: int = 2000) -> Entry:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache import nvcc_args
+from kernelcache.nvcc import args as nvcc_args
 from kernelcache.nvcc import launcher_stats, main
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

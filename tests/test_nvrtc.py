@@ -12,8 +12,10 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc")
 
-from kernelcache import includes, nvrtc, toolchain
+from kernelcache import nvrtc, toolchain
 from kernelcache.cache import Cache
+from kernelcache.nvrtc import compiler as nvrtc_compiler
+from kernelcache.nvrtc import includes
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
@@ -105,7 +107,7 @@ def scan_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     to vouch for them, so "memoized" lifts that rule: the memo must then
     notice every change from ``stat`` alone.
     """
-    monkeypatch.setattr(nvrtc, "_key_memo", {})
+    monkeypatch.setattr(nvrtc_compiler, "_key_memo", {})
     monkeypatch.setattr(includes, "_parsed", {})
     if request.param == "memoized":
         monkeypatch.setattr(includes, "TOO_NEW_SECONDS", -1.0)
@@ -118,7 +120,7 @@ def test_file_changes_that_must_change_the_key(
 ) -> None:
     _age(project)
     before = key()
-    assert bool(nvrtc._key_memo) == (scan_mode == "memoized")
+    assert bool(nvrtc_compiler._key_memo) == (scan_mode == "memoized")
     change(project)
     assert key() != before
 

@@ -15,10 +15,10 @@ import redis
 
 from kernelcache import Cache, Entry, Settings
 from kernelcache.errors import ConfigError, ReadOnlyStoreError, StoreError
-from kernelcache.stores import redis_format as fmt
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore
+from kernelcache.stores.redis import format as fmt
 from redis_server import RedisServer, unique_namespace
 
 

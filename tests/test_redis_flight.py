@@ -21,7 +21,7 @@ from kernelcache import Cache, Entry
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import RedisStore
-from kernelcache.stores.redis_lease import RedisLease
+from kernelcache.stores.redis.lease import RedisLease
 from redis_server import RedisServer, unique_namespace
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -11,8 +11,8 @@ import zstandard
 
 from kernelcache import Cache, Entry
 from kernelcache.errors import CorruptEntry
-from kernelcache.stores import redis_format as fmt
 from kernelcache.stores.redis import RedisStore
+from kernelcache.stores.redis import format as fmt
 from redis_server import RedisServer, unique_namespace
 
 SECRET = "correct horse battery staple"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-import kernelcache.stats as stats_mod
+import kernelcache.stats.recorder as stats_mod
 from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
-from kernelcache.stats_file import read_key_hits, read_totals, zero_period
+from kernelcache.stats.totals import read_key_hits, read_totals, zero_period
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 WORKER = str(Path(__file__).with_name("sf_worker.py"))

@@ -17,8 +17,10 @@ import pytest
 
 from conftest import StoreFactory
 from kernelcache import Entry, ReadOnlyStoreError, StoreError
-from kernelcache.stores import disk, disk_space, sqlite
 from kernelcache.stores.base import Store
+from kernelcache.stores.disk import space as disk_space
+from kernelcache.stores.disk import store as disk
+from kernelcache.stores.sqlite import store as sqlite
 
 # An artifact holding every byte value, an empty one and a larger one with no pattern.
 ARTIFACTS = {

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernelcache.stores import base, disk_files
+from kernelcache.stores import base
 from kernelcache.stores.base import is_valid_key, validate_key
+from kernelcache.stores.disk import files as disk_files
 
 KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 TAG_RE = re.compile(r"[0-9a-f]{16}")

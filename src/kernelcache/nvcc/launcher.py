@@ -5,7 +5,7 @@ Usable by hand (``kernelcache nvcc -c k.cu -o k.o``) and as
 ``kernelcache /path/to/nvcc ARGS...``). One source compiled with ``-c``,
 ``-ptx``, ``-cubin`` or ``-fatbin`` into ``-o`` (with optional ``-MD``/``-MMD``
 and ``-MF``) is cached; anything else runs nvcc unchanged and is counted as
-uncacheable with its reason (:mod:`kernelcache.nvcc_args`).
+uncacheable with its reason (:mod:`kernelcache.nvcc.args`).
 
 Keys. The *direct key* holds nvcc's identity (``--version`` and content
 hashes, memoised by stat), the host compiler's identity (``-ccbin``,
@@ -14,7 +14,7 @@ normalised arguments (outputs removed), the source's content, the environment
 variables nvcc and gcc read (:data:`ENV_VARS`), and the working directory when
 debug info is requested (it names it). The *result key* adds the content of
 every dependency nvcc reported. A manifest under the direct key maps
-dependency states to results (:mod:`kernelcache.nvcc_deps`), so a hit costs
+dependency states to results (:mod:`kernelcache.nvcc.deps`), so a hit costs
 one ``stat`` per dependency and no preprocessor run.
 
 A hit writes the output and dependency file byte-identical to what nvcc
@@ -24,11 +24,11 @@ through and are not cached. Only the standard library and the core are
 imported on the hit path; ``subprocess`` and ``tempfile`` only on a miss.
 
 This module is the launcher's control flow, its direct key and the hit. The
-rest sits beside it: arguments in :mod:`~kernelcache.nvcc_args`, dependency
-files and manifests in :mod:`~kernelcache.nvcc_deps`, writing a hit's files
-in :mod:`~kernelcache.nvcc_outputs`, the miss (compile, result key, store) in
-:mod:`~kernelcache.nvcc_compile`, and the ``nvcc-stats.json`` counters in
-:mod:`~kernelcache.nvcc_stats`.
+rest sits beside it: arguments in :mod:`~kernelcache.nvcc.args`, dependency
+files and manifests in :mod:`~kernelcache.nvcc.deps`, writing a hit's files
+in :mod:`~kernelcache.nvcc.outputs`, the miss (compile, result key, store) in
+:mod:`~kernelcache.nvcc.miss`, and the ``nvcc-stats.json`` counters in
+:mod:`~kernelcache.stats.launcher`.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from __future__ import annotations
 import os
 import sys
 
-from kernelcache import nvcc_deps
-from kernelcache.nvcc_args import Invocation, parse
-from kernelcache.nvcc_outputs import restore
-from kernelcache.nvcc_stats import STATS_FILE, count, launcher_stats, stats_path
+from kernelcache.nvcc import deps as nvcc_deps
+from kernelcache.nvcc.args import Invocation, parse
+from kernelcache.nvcc.outputs import restore
+from kernelcache.stats.launcher import STATS_FILE, count, launcher_stats, stats_path
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
@@ -162,7 +162,7 @@ def _cached(
         if hit is not None and restore(inv, hit[1], basedir):
             count(settings, "hits", saved=float(hit[1].meta.get("compile_seconds", 0.0)))
             return 0
-        from kernelcache.nvcc_compile import compile_and_cache
+        from kernelcache.nvcc.miss import compile_and_cache
 
         return compile_and_cache(cache, settings, nvcc, args, inv, direct, basedir)
     finally:

@@ -13,11 +13,12 @@ import sys
 import time
 from typing import Any
 
-from kernelcache import bundle, stats_file
-from kernelcache.cli_output import Progress, print_json
+from kernelcache import bundle
+from kernelcache.cli.output import Progress, print_json
 from kernelcache.entry import Entry
 from kernelcache.errors import ConfigError, CorruptEntry
 from kernelcache.settings import Settings
+from kernelcache.stats import totals as stats_file
 from kernelcache.stores.base import EntryInfo
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.lockfile import sweep_locks

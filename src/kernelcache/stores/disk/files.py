@@ -19,7 +19,7 @@ import os
 import xxhash
 
 from kernelcache.stores.base import is_valid_key
-from kernelcache.stores.disk_space import shard_of, tree_size
+from kernelcache.stores.disk.space import shard_of, tree_size
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False

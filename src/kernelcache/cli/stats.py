@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelcache import stats_file
-    from kernelcache.cli_output import print_json
+    from kernelcache.cli.output import print_json
+    from kernelcache.stats import totals as stats_file
     from kernelcache.stores.disk import DiskStore
 
     if args.zero and stats_file.zero_period(settings.dir) and not args.json:
@@ -35,7 +35,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     }
     for name in ("period", "lifetime"):
         report[name] = _complete(totals[name])
-    from kernelcache.nvcc_stats import launcher_stats
+    from kernelcache.stats.launcher import launcher_stats
 
     report["nvcc_launcher"] = launcher_stats(settings)
     if args.json:
@@ -47,7 +47,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 def _complete(section: dict[str, Any]) -> dict[str, Any]:
     """A stats section with every counter present and hit rates computed."""
-    from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS
+    from kernelcache.stats.totals import COMPILE_FIELDS, TIER_FIELDS
 
     tiers = {}
     for name, counts in section["tiers"].items():
@@ -63,7 +63,7 @@ _REMOTE_FIELDS = ("timeouts", "breaker_trips", "skipped", "forged")
 
 
 def _stats_text(report: dict[str, Any]) -> str:
-    from kernelcache.cli_output import format_seconds, format_time, table
+    from kernelcache.cli.output import format_seconds, format_time, table
     from kernelcache.units import format_size
 
     cap = report["max_bytes"]

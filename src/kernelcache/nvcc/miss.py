@@ -2,7 +2,7 @@
 
 The result is stored under the *result key* (the direct key plus the content
 of every dependency nvcc reported) and added as a variant to the manifest
-under the direct key (:mod:`kernelcache.nvcc_deps`). Imported only on a miss,
+under the direct key (:mod:`kernelcache.nvcc.deps`). Imported only on a miss,
 with ``subprocess`` and ``tempfile``.
 """
 
@@ -13,9 +13,9 @@ import os
 import sys
 import time
 
-from kernelcache import nvcc_deps
-from kernelcache.nvcc_outputs import replay
-from kernelcache.nvcc_stats import count
+from kernelcache.nvcc import deps as nvcc_deps
+from kernelcache.nvcc.outputs import replay
+from kernelcache.stats.launcher import count
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from kernelcache.cache import Cache
-    from kernelcache.nvcc_args import Invocation
+    from kernelcache.nvcc.args import Invocation
     from kernelcache.settings import Settings
 
 
@@ -116,7 +116,7 @@ def _system_deps(nvcc: str, args: list[str]) -> bytes:
     """Full dependencies for an ``-MMD`` compile, whose own file omits system headers."""
     import subprocess
 
-    from kernelcache.nvcc_args import dependency_only
+    from kernelcache.nvcc.args import dependency_only
 
     proc = subprocess.run([nvcc, *dependency_only(args)], capture_output=True, check=False)
     if proc.returncode != 0:

@@ -30,8 +30,8 @@ import time
 from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import EntryInfo, FlightLock, Store, check_caps, validate_key
-from kernelcache.stores.disk_files import Extractor, unique
-from kernelcache.stores.disk_space import (
+from kernelcache.stores.disk.files import Extractor, unique
+from kernelcache.stores.disk.space import (
     LOW_WATER,
     SHARDS,
     SUFFIX,

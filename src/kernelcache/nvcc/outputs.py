@@ -12,13 +12,13 @@ import contextlib
 import os
 import sys
 
-from kernelcache import nvcc_deps
+from kernelcache.nvcc import deps as nvcc_deps
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from kernelcache.entry import Entry
-    from kernelcache.nvcc_args import Invocation
+    from kernelcache.nvcc.args import Invocation
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -17,7 +17,7 @@ import os
 import time
 
 from kernelcache.keys import file_sha256 as _sha256
-from kernelcache.nvcc_args import BASE_TOKEN, normalize_path
+from kernelcache.nvcc.args import BASE_TOKEN, normalize_path
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False

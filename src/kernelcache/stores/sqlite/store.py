@@ -4,7 +4,7 @@ For filesystems short of inodes and caches of many small entries. The table
 ``entries`` holds each packed entry (kernelcache.entry format), verified on
 every read; ``meta`` keeps the running totals the caps are checked against.
 Opening the file, its schema and recovery from a damaged one are in
-:mod:`kernelcache.stores.sqlite_file`.
+:mod:`kernelcache.stores.sqlite.file`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo, check_caps, validate_key
-from kernelcache.stores.sqlite_file import (
+from kernelcache.stores.sqlite.file import (
     APPLICATION_ID,
     DEFAULT_TIMEOUT,
     SCHEMA_VERSION,

@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kernelcache.breaker import CircuitBreaker
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores import redis_config
-from kernelcache.stores import redis_format as fmt
 from kernelcache.stores.base import EntryInfo, FlightLock, Store, is_valid_key, validate_key
-from kernelcache.stores.redis_lease import RELEASE_LUA, RENEW_LUA, RedisLease
+from kernelcache.stores.redis import config as redis_config
+from kernelcache.stores.redis import format as fmt
+from kernelcache.stores.redis.breaker import CircuitBreaker
+from kernelcache.stores.redis.lease import RELEASE_LUA, RENEW_LUA, RedisLease
 
 #: Chunks not yet published expire after this long (a writer that died mid-put).
 STAGING_SECONDS = 3600.0

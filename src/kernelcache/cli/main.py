@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
-    from kernelcache.cli_output import format_age, format_seconds, print_json, table
-    from kernelcache.stats_file import read_key_hits
+    from kernelcache.cli.output import format_age, format_seconds, print_json, table
+    from kernelcache.stats.totals import read_key_hits
     from kernelcache.stores.disk import DiskStore
     from kernelcache.units import format_size
 
@@ -205,9 +205,9 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     import xxhash
 
-    from kernelcache.cli_output import format_time, print_json, table
+    from kernelcache.cli.output import format_time, print_json, table
     from kernelcache.errors import ConfigError
-    from kernelcache.stats_file import read_key_hits
+    from kernelcache.stats.totals import read_key_hits
     from kernelcache.stores.disk import DiskStore
 
     store = DiskStore(settings.dir, read_only=True)
@@ -260,7 +260,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelcache.cli_output import print_json, table
+    from kernelcache.cli.output import print_json, table
 
     if args.json:
         print_json(
@@ -291,13 +291,13 @@ def _lazy(module: str, name: str) -> Any:
 
 
 COMMANDS = {
-    "stats": _lazy("cli_stats", "cmd_stats"),
+    "stats": _lazy("cli.stats", "cmd_stats"),
     "ls": cmd_ls,
     "show": cmd_show,
     "config": cmd_config,
-    "verify": _lazy("cli_maint", "cmd_verify"),
-    "prune": _lazy("cli_maint", "cmd_prune"),
-    "clear": _lazy("cli_maint", "cmd_clear"),
-    "export": _lazy("cli_maint", "cmd_export"),
-    "import": _lazy("cli_maint", "cmd_import"),
+    "verify": _lazy("cli.maint", "cmd_verify"),
+    "prune": _lazy("cli.maint", "cmd_prune"),
+    "clear": _lazy("cli.maint", "cmd_clear"),
+    "export": _lazy("cli.maint", "cmd_export"),
+    "import": _lazy("cli.maint", "cmd_import"),
 }

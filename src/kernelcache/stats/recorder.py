@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
-from kernelcache.stats_file import COMPILE_FIELDS, TIER_FIELDS, merge
+from kernelcache.stats.totals import COMPILE_FIELDS, TIER_FIELDS, merge
 from kernelcache.stores.base import Store
 from kernelcache.stores.memory import MemoryStore
 

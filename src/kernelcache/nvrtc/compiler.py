@@ -5,7 +5,7 @@ NVRTC's version (from the library, plus the library's content hash), the
 source and its ``name``, the options in canonical form, arch and target, the
 name expressions, every in-memory header, and the *contents* of every header
 file the source reaches through ``include_dirs`` or its own directory (found
-by scanning ``#include`` directives, see :mod:`kernelcache.includes`: NVRTC 13.5
+by scanning ``#include`` directives, see :mod:`kernelcache.nvrtc.includes`: NVRTC 13.5
 has no dependency output). Paths appear in the key only where they end up in
 the binary (debug info, ``__FILE__``), so a copy of a project hits.
 
@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kernelcache import includes
 from kernelcache.errors import KernelCacheError
 from kernelcache.keys import KeyBuilder
+from kernelcache.nvrtc import includes
 
 if TYPE_CHECKING:
     from kernelcache.cache import Cache
