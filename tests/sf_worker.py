@@ -12,6 +12,8 @@ Run by tests/test_singleflight.py and tests/test_stats.py as
     started          file created when the compile function starts
     gate             the compile function waits for this file before going on
     hits             extra cache.get calls after the entry is there (for stats tests)
+    api              "get_or_compile" (default) | "claim": get, claim, compile, publish
+                     as separate calls (how an integration like Triton's manager uses it)
 
 Prints "ready" once imported, then one JSON line: the entry's digest, whether
 this process compiled, and CLOCK_MONOTONIC times (comparable across processes).
@@ -23,10 +25,11 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import xxhash
 
-from kernelcache import Cache, DiskStore, MemoryStore, Settings
+from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
 
 
 def main() -> int:
@@ -57,7 +60,10 @@ def main() -> int:
             time.sleep(0.001)
     asked = time.monotonic()
     try:
-        entry = cache.get_or_compile(opts["key"], compile_fn, timeout=opts.get("timeout", 30.0))
+        if opts.get("api") == "claim":
+            entry = by_claim(cache, opts["key"], compile_fn, opts.get("timeout", 30.0))
+        else:
+            entry = cache.get_or_compile(opts["key"], compile_fn, timeout=opts.get("timeout", 30.0))
     except RuntimeError as exc:
         print(json.dumps({"error": str(exc), "asked": asked}), flush=True)
         return 0
@@ -75,6 +81,21 @@ def main() -> int:
     cache.close()
     print(json.dumps(result), flush=True)
     return 0
+
+
+def by_claim(cache: Cache, key: str, compile_fn: Callable[[], bytes], timeout: float) -> Entry:
+    entry = cache.get(key)
+    if entry is not None:
+        return entry
+    claim = cache.claim(key, timeout=timeout)
+    if claim.entry is not None:
+        return claim.entry
+    try:
+        data = compile_fn()
+    except RuntimeError:
+        claim.abandon()
+        raise
+    return claim.publish(data)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -135,10 +137,25 @@ def test_put_entry_paths_lie_in_the_disk_tier_and_survive_its_failure(tmp_path: 
     assert path.is_relative_to(tmp_path / "disk") and path.read_bytes() == entry["kernel.cubin"]
     # The tier's extraction area breaks (ENOTDIR): a verified private copy still serves loaders.
     other = Entry({"kernel.cubin": b"\x7fELF" + b"3" * 64})
-    cache.put(KEY, other)
+    stored = cache.put(KEY, other)
+    assert other.key is None  # the caller's entry is never modified; put returns the bound one
     files = tmp_path / "disk" / "v1" / "files"
     shutil.rmtree(files)
     files.write_bytes(b"")
-    fallback = Path(other.path("kernel.cubin"))
+    fallback = Path(stored.path("kernel.cubin"))
     assert not fallback.is_relative_to(tmp_path) and fallback.read_bytes() == other["kernel.cubin"]
     assert disk.counters.errors >= 1
+
+
+def test_a_dropped_cache_is_freed_at_once_not_by_the_cyclic_collector(tmp_path: Path) -> None:
+    """No reference cycle through the Cache: its last statistics flush runs when the last
+    reference goes, not at some later allocation (possibly inside another flush)."""
+    gc.disable()
+    try:
+        cache = Cache([MemoryStore(), DiskStore(tmp_path / "d")])
+        cache.put(KEY, Entry({"a": b"x"}))
+        ref = weakref.ref(cache)
+        del cache
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc")
 
-from kernelcache import nvrtc, toolchain
+from kernelcache import _fs, nvrtc, toolchain
 from kernelcache.cache import Cache
 from kernelcache.nvrtc import compiler as nvrtc_compiler
 from kernelcache.nvrtc import includes
@@ -38,7 +38,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _age(root: Path) -> None:
-    """Let the files' stat vouch for their content (includes.TOO_NEW_SECONDS)."""
+    """Let the files' stat vouch for their content (kernelcache._fs.TOO_NEW_NS)."""
     old = time.time() - 3600
     for path in root.rglob("*"):
         os.utime(path, (old, old))
@@ -110,7 +110,7 @@ def scan_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(nvrtc_compiler, "_key_memo", {})
     monkeypatch.setattr(includes, "_parsed", {})
     if request.param == "memoized":
-        monkeypatch.setattr(includes, "TOO_NEW_SECONDS", -1.0)
+        monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)
     return str(request.param)
 
 

@@ -137,6 +137,58 @@ class _StuckTier(MemoryStore):
         return _StuckLock()
 
 
+def test_a_compile_asking_for_its_own_key_fails_at_once(cache: Cache) -> None:
+    def fn() -> bytes:
+        return cache.get_or_compile("k", lambda: b"inner")["data"]
+
+    with pytest.raises(RuntimeError, match="from inside its own compile"):
+        cache.get_or_compile("k", fn, timeout=float("inf"))
+    assert cache.get("k") is None  # nothing cached, and the flight was released:
+    assert cache.get_or_compile("k", lambda: b"ok", timeout=1)["data"] == b"ok"
+
+
+def test_infinite_timeout_waits_for_the_compile(cache: Cache) -> None:
+    calls = []
+
+    def fn() -> bytes:
+        calls.append(1)
+        time.sleep(0.2)
+        return b"x"
+
+    results = run_threads(3, lambda: cache.get_or_compile("k", fn, timeout=float("inf")))
+    assert [r["data"] for r in results] == [b"x"] * 3 and len(calls) == 1
+
+
+def test_claim_publish_and_abandon(cache: Cache) -> None:
+    claim = cache.claim("k")
+    assert claim.entry is None and claim.leads
+    other: list[Any] = []
+    waiter = threading.Thread(target=lambda: other.append(cache.claim("k", timeout=30)))
+    waiter.start()
+    time.sleep(0.1)  # the waiter is parked on the flight, not compiling
+    assert not other
+    stored = claim.publish(b"compiled", seconds=1.5)
+    waiter.join(10)
+    assert not claim.leads and other[0].entry["data"] == b"compiled"
+    assert stored.key == "k" and stored.meta["compile_seconds"] == 1.5
+    assert cache.compile_stats()["compile_seconds"] == 1.5
+    with pytest.raises(RuntimeError, match="nothing to publish"):
+        claim.publish(b"again")
+    # Abandoning (here: leaving the with block) lets the next caller lead at once.
+    with cache.claim("k2") as first:
+        assert first.leads
+    assert cache.claim("k2", timeout=0).leads
+
+
+def test_put_returns_the_bound_entry_and_leaves_the_callers_alone(cache: Cache) -> None:
+    mine = Entry({"kernel.cubin": b"\x7fELF"}, meta={"n": 1})
+    stored = cache.put("k", mine)
+    assert mine.key is None and stored.key == "k" and stored == mine
+    path = Path(stored.path("kernel.cubin"))
+    assert path.read_bytes() == b"\x7fELF" and path.is_relative_to(cache.tiers[1].path)
+    assert not Path(mine.path("kernel.cubin")).is_relative_to(cache.tiers[1].path)
+
+
 def test_lock_timeout_compiles_anyway(tmp_path: Path) -> None:
     tiers: list[Store] = [_StuckTier()]
     cache = Cache(tiers, settings=Settings.load(dir=str(tmp_path)))
@@ -195,6 +247,20 @@ def test_eight_processes_compile_once(tmp_path: Path) -> None:
     assert len({r["digest"] for r in results}) == 1
     (compiler,) = [r for r in results if r["compiled"]]
     # Every process asked before the compile ended: they really did overlap.
+    assert max(r["asked"] for r in results) < compiler["compile_end"]
+
+
+@pytest.mark.slow
+def test_claims_held_across_calls_compile_once_across_processes(tmp_path: Path) -> None:
+    """get, claim, compile and publish as separate calls: still one compile for four processes."""
+    counter, go = tmp_path / "count", tmp_path / "go"
+    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter), "go": str(go)}
+    procs = [spawn({**opts, "sleep": 0.5, "api": "claim"}) for _ in range(4)]
+    go.touch()
+    results = [result(p) for p in procs]
+    assert len(counter.read_text().splitlines()) == 1
+    assert len({r["digest"] for r in results}) == 1
+    (compiler,) = [r for r in results if r["compiled"]]
     assert max(r["asked"] for r in results) < compiler["compile_end"]
 
 

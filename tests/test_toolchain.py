@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache import toolchain
+from kernelcache import _fs, toolchain
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def test_executable_identity_is_stable_and_content_sensitive(tmp_path: Path) -> 
 
 
 def test_memo_skips_the_version_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(toolchain, "TOO_NEW_SECONDS", -1.0)  # files here are seconds old
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # files here are seconds old
     cc = fake_compiler(tmp_path / "cc", "cc 2.0")
     identity = toolchain.executable(cc)
     memo = json.loads(Path(toolchain.memo_path()).read_text())

@@ -7,38 +7,16 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from kernelcache import singleflight
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.settings import Settings
+from kernelcache.singleflight import Claim, SingleFlight
 from kernelcache.stats import Recorder, persistent_dir
 from kernelcache.stores.base import Store, validate_key
+from kernelcache.tiers import TierStack, default_tiers
 
 #: How long a caller waits for another's compile of the same key before compiling itself.
 DEFAULT_TIMEOUT = 300.0
-
-
-def default_tiers(settings: Settings) -> list[Store]:
-    """Memory, local disk, and Redis when ``remote`` is set, as :class:`Settings` say.
-
-    The remote tier is read-only when ``readonly`` is set or its URL says ``?readonly=1``.
-    """
-    from kernelcache.stores.disk import DiskStore
-    from kernelcache.stores.memory import MemoryStore
-
-    if settings.disable:
-        return []
-    tiers: list[Store] = [
-        MemoryStore(max_bytes=settings.memory_max_size),
-        DiskStore.from_settings(settings),
-    ]
-    if settings.remote:
-        from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
-
-        tiers.append(
-            RedisStore(settings.remote, secret=settings.secret, read_only=settings.readonly)
-        )
-    return tiers
 
 
 class Cache:
@@ -65,8 +43,12 @@ class Cache:
         for tier in self.tiers:
             if not isinstance(tier, Store):
                 raise TypeError(f"Cache tiers must be Store instances, not {type(tier).__name__}")
-        self._flights = singleflight.Flights()
         self._stats = Recorder(self.tiers, persistent_dir(self.tiers) if persist_stats else None)
+        # Collaborators that do not refer back to the Cache: a cycle would leave a
+        # dropped Cache (and its last statistics flush) to the cyclic collector,
+        # which may run it at any allocation, even inside another flush.
+        self._stack = TierStack(self.tiers, self._stats)
+        self._flight = SingleFlight(self.tiers, self._stack.lookup_from, self._stack.store, self._stats)
         self._sample = self._stats.sample
         self._exact_first = not self._stats.sampling
         # Flushes at close, when the Cache is collected, and at interpreter exit.
@@ -85,37 +67,23 @@ class Cache:
                 continue  # counted by the tier; the next tier may still have it
             if entry is not None:
                 if index or self._exact_first:
-                    self._hit(index, key, entry)
-                else:
-                    self._sample.append(key)  # a memory hit: stats cost one append
+                    return self._stack.hit(index, key, entry)
+                self._sample.append(key)  # a memory hit: stats cost one append
                 return entry
         self._stats.tick()
         return None
 
-    def _hit(self, index: int, key: str, entry: Entry) -> None:
-        """Promote a hit to the tiers above ``index`` and count it."""
-        self._write(self.tiers[:index], key, entry)
-        self._stats.hit(index, key, entry)
+    def put(self, key: str, entry: Entry) -> Entry:
+        """Store ``entry`` in every writable tier; failing tiers are skipped and counted.
 
-    def put(self, key: str, entry: Entry) -> None:
-        """Store ``entry`` in every writable tier; failing tiers are skipped and counted."""
+        Returns the entry as the cache now holds it (bound to ``key``; its
+        ``path()`` gives files inside the disk tier when there is one).
+        ``entry`` itself is not modified.
+        """
         validate_key(key)
         if not isinstance(entry, Entry):
             raise TypeError(f"Cache.put takes an Entry, not {type(entry).__name__}")
-        entry.key = key
-        self._write(self.tiers, key, entry)
-        self._stats.note(key, entry)
-        self._stats.tick()
-
-    @staticmethod
-    def _write(tiers: Sequence[Store], key: str, entry: Entry) -> None:
-        for tier in tiers:
-            if tier.read_only:
-                continue
-            try:
-                tier.put(key, entry)
-            except StoreError:
-                continue  # counted by the tier; the others still get the entry
+        return self._stack.store(key, entry)
 
     def delete(self, key: str) -> bool:
         """Remove ``key`` from every writable tier; ``True`` if any had it."""
@@ -141,19 +109,39 @@ class Cache:
 
         Single-flight: of the threads, processes (and, with a remote tier,
         machines) asking for a missing key at once, one runs ``fn`` and the
-        others wait for its entry, each at most ``timeout`` seconds before it
-        compiles itself. ``fn`` returns an :class:`Entry` or bytes (stored as
-        one artifact named ``"data"``); its duration is recorded in the
-        entry's metadata as ``compile_seconds``. An exception from ``fn``
-        reaches the caller that ran it, the waiters try again, and nothing is
-        cached. See :mod:`kernelcache.singleflight`.
+        others wait for its entry, each at most ``timeout`` seconds (``inf``:
+        no limit) before it compiles itself. ``fn`` returns an
+        :class:`Entry` or bytes (stored as one artifact named ``"data"``);
+        its duration is recorded in the entry's metadata as
+        ``compile_seconds``. An exception from ``fn`` reaches the caller that
+        ran it, the waiters try again, and nothing is cached. ``fn`` asking
+        for its own key raises ``RuntimeError`` at once. See
+        :mod:`kernelcache.singleflight`.
         """
-        validate_key(key)
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        entry = self.get(key)
+        if entry is not None:
+            return entry
+        with self.claim(key, timeout=timeout) as claim:
+            if claim.entry is not None:
+                return claim.entry
+            return claim.compile(fn)
+
+    def claim(self, key: str, *, timeout: float = DEFAULT_TIMEOUT) -> Claim:
+        """Wait for another compile of ``key`` (thread, process or machine), or lead it.
+
+        For compiles that do not fit in one function call. The returned
+        :class:`~kernelcache.singleflight.Claim` either holds the entry that
+        another compile published meanwhile (``claim.entry``), or the right
+        to compile: then :meth:`Claim.publish` the result, or
+        :meth:`Claim.abandon` (leaving a ``with`` block abandons), so that
+        the others stop waiting. Call it after a :meth:`get` that missed.
+        """
+        validate_key(key)
         if not timeout >= 0:
             raise ValueError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-        return singleflight.get_or_compile(self, key, fn, float(timeout))
+        return self._flight.claim(key, float(timeout))
 
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per tier: counters since this process opened it, plus current usage."""
@@ -173,6 +161,11 @@ class Cache:
     def compile_stats(self) -> dict[str, float]:
         """This process's compiles, compile seconds, failures, single-flight waits and timeouts."""
         return self._stats.local()[1]
+
+    @property
+    def flush_errors(self) -> int:
+        """Statistics batches this process could not merge into the directory (lost, counted)."""
+        return self._stats.flush_errors
 
     def flush_stats(self) -> None:
         """Merge the statistics counted so far into the cache directory now."""

@@ -24,13 +24,16 @@ from collections.abc import Mapping
 
 import xxhash
 
+from kernelcache import _fs
 from kernelcache.errors import CorruptEntry, StoreError
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any
+    from typing import Any, Protocol
+else:
+    Protocol = object  # see stores/base.py: typing stays off the launcher's hit path
 
 MAGIC = b"KCENTRY\n"
 FORMAT_VERSION = 1
@@ -110,7 +113,7 @@ class Entry(Mapping[str, bytes]):
     a store were verified against their checksums before being returned.
     """
 
-    __slots__ = ("_artifacts", "_lock", "_materialize", "_meta", "_meta_raw", "_paths", "key")
+    __slots__ = ("_artifacts", "_digest", "_files", "_key", "_lock", "_meta", "_meta_raw", "_paths")
 
     def __init__(
         self,
@@ -132,23 +135,70 @@ class Entry(Mapping[str, bytes]):
         self._artifacts = checked
         self._meta_raw = _dump_meta(meta or {})
         self._meta: dict[str, Any] | None = _load_meta(self._meta_raw)
-        self.key = key
-        self._materialize: Callable[[Entry, str], str] | None = None
+        self._key = key
+        self._files: Files | None = None
+        self._digest: str | None = None
         self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
-    def _trusted(cls, artifacts: dict[str, bytes], meta_raw: bytes, key: str) -> Entry:
-        """Build from verified parts without re-validating (the read hot path)."""
+    def from_verified(
+        cls,
+        artifacts: dict[str, bytes],
+        meta_raw: bytes,
+        key: str | None,
+        files: Files | None = None,
+    ) -> Entry:
+        """An entry from parts a reader has already checked (names, checksums, JSON).
+
+        The read hot path of every byte-oriented tier: nothing is copied or
+        validated again. ``artifacts`` must not be modified afterwards.
+        """
         self = cls.__new__(cls)
         self._artifacts = artifacts
         self._meta_raw = meta_raw
         self._meta = None
-        self.key = key
-        self._materialize = None
+        self._key = key
+        self._files = files
+        self._digest = None
         self._paths = {}
         self._lock = threading.Lock()
         return self
+
+    def bind(self, key: str, files: Files | None = None) -> Entry:
+        """This entry under ``key``, with ``path()`` files from ``files``.
+
+        The artifacts and metadata are shared, not copied; the original is
+        unchanged. A tier that stores entries as files passes its own
+        :class:`Files`, so that ``path()`` of the entry it returns gives files
+        inside the tier (capped, shared, verified); without one, ``path()``
+        writes private copies in this process's temporary directory.
+        """
+        bound = Entry.from_verified(self._artifacts, self._meta_raw, key, files)
+        bound._meta = self._meta
+        bound._digest = self._digest
+        return bound
+
+    @property
+    def key(self) -> str | None:
+        """The key this entry was stored or read under (``None`` for a new entry)."""
+        return self._key
+
+    def digest(self) -> str:
+        """A content digest of names, sizes and bytes of every artifact (xxh3-128, hex).
+
+        Computed once per entry: tiers name extracted folders by it, so a
+        re-published key never changes files a loader is using.
+        """
+        digest = self._digest
+        if digest is None:
+            state = xxhash.xxh3_128()
+            for name, data in self._artifacts.items():
+                state.update(name.encode("utf-8", "surrogatepass") + b"\0")
+                state.update(len(data).to_bytes(8, "little"))
+                state.update(data)
+            digest = self._digest = state.hexdigest()
+        return digest
 
     # Mapping interface -------------------------------------------------
     def __getitem__(self, name: str) -> bytes:
@@ -199,7 +249,7 @@ class Entry(Mapping[str, bytes]):
 
     def with_meta(self, **updates: Any) -> Entry:
         """A copy with metadata fields added or replaced."""
-        return Entry(self._artifacts, {**self.meta, **updates}, key=self.key)
+        return Entry(self._artifacts, {**self.meta, **updates}, key=self._key)
 
     # Files for loaders -------------------------------------------------
     def path(self, name: str) -> str:
@@ -214,12 +264,12 @@ class Entry(Mapping[str, bytes]):
             if existing is not None and os.path.exists(existing):
                 return existing
             try:
-                path = (self._materialize or _materialize_tmp)(self, name)
+                path = (self._files or _TEMP_FILES).path(self, name)
             except StoreError:
                 # The tier failed (disk full, removed directory): the bytes in
                 # hand are verified, so a private copy still serves the loader.
-                path = _materialize_tmp(self, name)
-            # Both materialisers check the file's size themselves (one stat).
+                path = _TEMP_FILES.path(self, name)
+            # Both kinds of Files check the file's size themselves (one stat).
             self._paths[name] = path
             return path
 
@@ -230,7 +280,7 @@ class Entry(Mapping[str, bytes]):
 
     def pack_parts(self, key: str | None = None) -> list[bytes]:
         """The packed form as a list of buffers (header first), to write without joining."""
-        key = key if key is not None else (self.key or "")
+        key = key if key is not None else (self._key or "")
         key_raw = key.encode()
         table = []
         for name, data in self._artifacts.items():
@@ -297,8 +347,14 @@ class Header:
             total_size = data_offset + sum(size for _, size, _ in table)
         self.total_size = total_size
 
-    def build(self, read: Callable[[int, int], bytes], key: str | None, head: bytes = b"") -> Entry:
-        """Read every artifact, verify it, return the Entry.
+    def build(
+        self,
+        read: Callable[[int, int], bytes],
+        key: str | None,
+        head: bytes = b"",
+        files: Files | None = None,
+    ) -> Entry:
+        """Read every artifact, verify it, return the Entry (with ``files`` for ``path()``).
 
         An artifact that lies wholly inside ``head`` (the bytes already read
         from the start of the entry) is sliced from it; any other is read
@@ -316,7 +372,7 @@ class Header:
                 raise CorruptEntry(f"artifact {name!r} fails its checksum")
             artifacts[name] = blob
             offset = end
-        return Entry._trusted(artifacts, self.meta_raw, self.key)
+        return Entry.from_verified(artifacts, self.meta_raw, self.key, files)
 
 
 def _prefix(view: bytes | memoryview) -> tuple[int, int, int, int]:
@@ -382,8 +438,29 @@ def _no_read(offset: int, size: int) -> bytes:
     raise CorruptEntry(f"entry has no bytes at {offset}+{size}")  # build() slices all from head
 
 
+class Files(Protocol):
+    """Where ``Entry.path`` finds real files for an entry's artifacts.
+
+    A disk tier implements it with files inside the tier; :class:`TempFiles`
+    writes private copies. ``path`` checks the file it returns (at least its
+    size) and may raise :class:`~kernelcache.errors.StoreError`.
+    """
+
+    def path(self, entry: Entry, name: str) -> str: ...
+
+
 _tmp_dir: str | None = None
 _tmp_lock = threading.Lock()
+
+
+class TempFiles:
+    """Private copies in this process's temporary directory (removed at exit)."""
+
+    def path(self, entry: Entry, name: str) -> str:
+        return _materialize_tmp(entry, name)
+
+
+_TEMP_FILES = TempFiles()
 
 
 def _materialize_tmp(entry: Entry, name: str) -> str:
@@ -410,8 +487,5 @@ def _materialize_tmp(entry: Entry, name: str) -> str:
     except FileNotFoundError:
         pass  # not written yet
     # Missing, or cut by something outside this process: (re)write it.
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    _fs.write_atomic(path, data)
     return path

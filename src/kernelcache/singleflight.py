@@ -9,10 +9,16 @@ Three levels, each one admitting the next:
    tier's lock file, then a remote tier's lease), looking in the tiers again
    after each lock, since whoever held it may have published the entry meanwhile.
 
+The outcome is a :class:`Claim`: either the entry someone else published
+while we waited, or the right to compile, held until :meth:`Claim.publish`
+or :meth:`Claim.abandon`. ``Cache.get_or_compile`` is one claim around one
+function call; an integration whose compile spans several calls (Triton's
+``get_group`` ... ``put_group``) holds a claim across them.
+
 Liveness beats deduplication: a waiter whose wait runs past ``timeout``
-compiles itself. An exception in the compile function reaches the caller
-that ran it; the waiters then start over and one of them compiles. Failures
-are never cached. (PyTorch #108971: eight ranks compiling the same kernel.)
+compiles itself. A compile that fails abandons its claim; the waiters then
+start over and one of them compiles. Failures are never cached. (PyTorch
+#108971: eight ranks compiling the same kernel.)
 """
 
 from __future__ import annotations
@@ -21,26 +27,37 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Literal, Protocol
 
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import FlightLock, Store
 
-if TYPE_CHECKING:
-    from kernelcache.cache import Cache
-
 CompileFn = Callable[[], "Entry | bytes"]
+
+# Event.wait and the lock waits reject timeouts above this (OverflowError);
+# timeout=float("inf") means "wait as long as it takes".
+_LONGEST_WAIT = threading.TIMEOUT_MAX
+
+
+class Events(Protocol):
+    """Where single-flight reports what happened (the Cache's statistics)."""
+
+    def count(self, name: str, amount: float = 1) -> None: ...
+
+    def compiled(self, seconds: float) -> None: ...
 
 
 class Flight:
     """One in-process compile of a key that other threads can wait for."""
 
-    __slots__ = ("deadline", "done", "entry", "lock_deadline", "timeout")
+    __slots__ = ("deadline", "done", "entry", "leader", "lock_deadline", "timeout")
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
+        self.leader = threading.get_ident()
         now = time.monotonic()
         #: When the leader stops waiting for other processes' locks and compiles itself.
         self.lock_deadline = now + timeout
@@ -69,7 +86,7 @@ class Flight:
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 return self.done.is_set()
-            if self.done.wait(remaining):
+            if self.done.wait(min(remaining, _LONGEST_WAIT)):
                 return True
             # The deadline may have been extended while we slept: look again.
 
@@ -78,12 +95,11 @@ class Flights:
     """The in-process table of keys being compiled."""
 
     def __init__(self) -> None:
-        self._reset()
+        self.reset()
         _tables.add(self)
 
-    def _reset(self) -> None:
-        # A forked child has none of the parent's leader threads: waiting on
-        # their flights would only run out the timeout. It starts empty.
+    def reset(self) -> None:
+        """Forget every flight (a forked child has none of the parent's leader threads)."""
         self._lock = threading.Lock()
         self._flights: dict[str, Flight] = {}
 
@@ -91,10 +107,16 @@ class Flights:
         """The flight for ``key`` and whether the caller leads it (it had none)."""
         with self._lock:
             flight = self._flights.get(key)
-            if flight is not None:
-                return flight, False
-            flight = self._flights[key] = Flight(timeout)
-            return flight, True
+            if flight is None:
+                flight = self._flights[key] = Flight(timeout)
+                return flight, True
+        if flight.leader == threading.get_ident():
+            # Waiting would mean waiting for ourselves until the timeout runs out.
+            raise RuntimeError(
+                f"key {key!r} is requested again from inside its own compile "
+                "(the compile function asks for the key it is compiling)"
+            )
+        return flight, False
 
     def land(self, key: str, flight: Flight, entry: Entry | None) -> None:
         """End the leader's flight and wake its waiters if :meth:`Flight.publish` did not."""
@@ -111,62 +133,170 @@ _tables: weakref.WeakSet[Flights] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for table in list(_tables):
-        table._reset()
+        table.reset()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def get_or_compile(cache: Cache, key: str, fn: CompileFn, timeout: float) -> Entry:
-    """:meth:`Cache.get_or_compile` (see the module docstring for the protocol)."""
-    while True:
-        entry = cache.get(key)
-        if entry is not None:
-            return entry
-        flight, leader = cache._flights.join(key, timeout)
-        if leader:
-            result: Entry | None = None
-            try:
-                result = _lead(cache, key, fn, flight)
-            finally:
-                cache._flights.land(key, flight, result)
-            return result
-        if not flight.wait():
-            cache._stats.count("lock_timeouts")
-            return compile_and_put(cache, key, fn)  # the leader is stuck: liveness first
-        if flight.entry is not None:
-            cache._stats.count("flight_waits")
-            return flight.entry
-        # The leader's compile raised: start over; one of the waiters leads next.
+class SingleFlight:
+    """Claims on keys over a sequence of tiers.
 
+    Collaborators, all given by the owner (a :class:`~kernelcache.Cache`):
+    ``tiers`` (for their flight locks), ``lookup(start, key)`` (look in
+    ``tiers[start:]``, promote and count a hit, do not count a miss again),
+    ``store(key, entry)`` (write to every tier; returns the entry as stored)
+    and ``events`` (statistics).
+    """
 
-def _lead(cache: Cache, key: str, fn: CompileFn, flight: Flight) -> Entry:
-    held: list[FlightLock] = []
-    try:
-        for index, tier in enumerate(cache.tiers):
-            lock = _take(tier, key, flight.lock_deadline - time.monotonic())
-            if lock is False:
-                # A holder elsewhere is stuck beyond the timeout: liveness first, compile
-                # anyway, unless it published just now.
-                cache._stats.count("lock_timeouts")
-                entry = _recheck(cache, key, index)
-                if entry is not None:
-                    return entry
-                break
-            if lock is None:
-                continue
-            held.append(lock)
-            entry = _recheck(cache, key, index)
+    def __init__(
+        self,
+        tiers: Sequence[Store],
+        lookup: Callable[[int, str], Entry | None],
+        store: Callable[[str, Entry], Entry],
+        events: Events,
+    ) -> None:
+        self.tiers = tiers
+        self.lookup = lookup
+        self.store = store
+        self.events = events
+        self.flights = Flights()
+
+    def claim(self, key: str, timeout: float) -> Claim:
+        """Wait for another compile of ``key`` or take the right to compile it."""
+        while True:
+            flight, leader = self.flights.join(key, timeout)
+            if leader:
+                return self._lead(key, flight)
+            if not flight.wait():
+                self.events.count("lock_timeouts")
+                return Claim(self, key)  # the leader is stuck: liveness first
+            if flight.entry is not None:
+                self.events.count("flight_waits")
+                return Claim(self, key, entry=flight.entry)
+            # The leader's compile failed: start over; one of the waiters leads next.
+            entry = self.lookup(0, key)
             if entry is not None:
-                return entry
+                return Claim(self, key, entry=entry)
+
+    def _lead(self, key: str, flight: Flight) -> Claim:
+        held: list[FlightLock] = []
+        try:
+            for index, tier in enumerate(self.tiers):
+                wait = min(max(0.0, flight.lock_deadline - time.monotonic()), _LONGEST_WAIT)
+                lock = _take(tier, key, wait)
+                if lock is None:
+                    continue
+                if lock is not False:
+                    held.append(lock)
+                entry = self.lookup(index, key)
+                if entry is not None:
+                    _release(held)
+                    self.flights.land(key, flight, entry)
+                    return Claim(self, key, entry=entry)
+                if lock is False:
+                    # A holder elsewhere is stuck beyond the timeout: liveness first.
+                    self.events.count("lock_timeouts")
+                    break
+        except BaseException:
+            _release(held)
+            self.flights.land(key, flight, None)
+            raise
         flight.extend()
-        return compile_and_put(cache, key, fn, flight.publish)
-    finally:
-        for lock in reversed(held):
-            try:
-                lock.release()
-            except StoreError:
-                continue  # counted by the tier; a lease expires, a lock file dies with us
+        return Claim(self, key, flight=flight, locks=held)
+
+
+class Claim:
+    """The outcome of :meth:`SingleFlight.claim` (``Cache.claim``).
+
+    If :attr:`entry` is set, another compile published it: use it, there is
+    nothing to do. Otherwise this caller must compile, then :meth:`publish`
+    the result (or :meth:`abandon`, e.g. when the compile failed) so that
+    the others stop waiting. Leaving a ``with`` block without publishing
+    abandons. Not thread-safe: one caller owns a claim.
+    """
+
+    def __init__(
+        self,
+        owner: SingleFlight,
+        key: str,
+        *,
+        entry: Entry | None = None,
+        flight: Flight | None = None,
+        locks: Sequence[FlightLock] = (),
+    ) -> None:
+        self.key = key
+        self.entry = entry
+        self._owner = owner
+        self._flight = flight
+        self._locks = list(locks)
+        self._started = time.perf_counter()
+        self._open = entry is None
+
+    def __repr__(self) -> str:
+        state = "found" if self.entry is not None else "open" if self._open else "closed"
+        return f"Claim({self.key!r}, {state})"
+
+    @property
+    def leads(self) -> bool:
+        """Whether this caller is the one that must compile (and has not finished)."""
+        return self._open
+
+    def compile(self, fn: CompileFn) -> Entry:
+        """Run ``fn`` and publish its result, timing the call alone; abandon if it raises."""
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except BaseException:
+            self._owner.events.count("compile_errors")
+            self.abandon()
+            raise
+        return self.publish(result, seconds=time.perf_counter() - start)
+
+    def publish(self, result: Entry | bytes, seconds: float | None = None) -> Entry:
+        """Store the compiled entry, wake the waiters, release the locks.
+
+        ``seconds`` is the compile's duration (default: since the claim was
+        taken), recorded in the entry's meta as ``compile_seconds``. Returns
+        the entry as stored.
+        """
+        if not self._open:
+            raise RuntimeError(f"{self!r} has nothing to publish")
+        try:
+            elapsed = time.perf_counter() - self._started if seconds is None else seconds
+            entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
+            if self._flight is not None:
+                self._flight.publish(entry)
+            self._owner.events.compiled(elapsed)
+            entry = self._owner.store(self.key, entry)
+            self.entry = entry
+        finally:
+            self._close(self.entry)
+        return entry
+
+    def abandon(self) -> None:
+        """Give the claim up without an entry: the waiters start over. Idempotent."""
+        if self._open:
+            self._close(None)
+
+    def _close(self, entry: Entry | None) -> None:
+        self._open = False
+        if self._flight is not None:
+            self._owner.flights.land(self.key, self._flight, entry)
+            self._flight = None
+        locks, self._locks = self._locks, []
+        _release(locks)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abandon()
 
 
 def _take(tier: Store, key: str, timeout: float) -> FlightLock | Literal[False] | None:
@@ -175,49 +305,18 @@ def _take(tier: Store, key: str, timeout: float) -> FlightLock | Literal[False] 
         lock = tier.flight_lock(key)
         if lock is None:
             return None
-        return lock if lock.acquire(max(0.0, timeout)) else False
+        return lock if lock.acquire(timeout) else False
     except StoreError:
         return None  # counted by the tier; a broken lock must not block the compile
 
 
-def _recheck(cache: Cache, key: str, locked: int) -> Entry | None:
-    """Look again in the tiers a lock holder elsewhere could have filled.
-
-    Tiers above ``locked`` are this process's own (another thread's entry
-    would have come through the flight). The first lookup already counted
-    this request's miss, so a miss here is not counted a second time.
-    """
-    for index in range(locked, len(cache.tiers)):
-        tier = cache.tiers[index]
+def _release(locks: list[FlightLock]) -> None:
+    for lock in reversed(locks):
         try:
-            entry = tier.get(key)
+            lock.release()
         except StoreError:
-            continue
-        if entry is not None:
-            cache._hit(index, key, entry)
-            return entry
-        tier._count("misses", -1)
-    return None
-
-
-def compile_and_put(
-    cache: Cache, key: str, fn: CompileFn, publish: Callable[[Entry], None] | None = None
-) -> Entry:
-    """Run ``fn``, record its duration in the entry's meta, ``publish`` it, store it."""
-    start = time.perf_counter()
-    try:
-        result = fn()
-    except BaseException:
-        cache._stats.count("compile_errors")
-        raise
-    elapsed = time.perf_counter() - start
-    entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
-    entry.key = key
-    if publish is not None:
-        publish(entry)
-    cache._stats.compiled(elapsed)
-    cache.put(key, entry)
-    return entry
+            continue  # counted by the tier; a lease expires, a lock file dies with us
+    locks.clear()
 
 
 def as_entry(result: object) -> Entry:

@@ -15,11 +15,12 @@ imported lazily.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import time
+
+from kernelcache import _fs
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
@@ -28,11 +29,7 @@ if TYPE_CHECKING:
 
 #: Name of the memo file under the cache directory.
 MEMO_FILE = "toolchain-probes.json"
-_MEMO_VERSION = 1
-#: A file modified this recently is hashed but not memoised: an edit within the
-#: filesystem's timestamp granularity could keep size and mtime (ccache's
-#: "file too new" rule).
-TOO_NEW_SECONDS = 2.0
+_MEMO_VERSION = 2  # 2: signatures hold the device too (kernelcache._fs.signature)
 _PROBE_ERRORS = (ImportError, OSError, RuntimeError, ValueError)
 
 _memo: dict[str, Any] | None = None
@@ -45,12 +42,12 @@ def failed(exc: BaseException) -> str:
 
 
 def _signature(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    return list(_fs.signature(st))  # a list: what the JSON memo gives back
 
 
 def _trustworthy(st: os.stat_result) -> bool:
-    newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
-    return time.time() - newest > TOO_NEW_SECONDS
+    """A file modified this recently is hashed but not memoised (``_fs.too_new``)."""
+    return not _fs.too_new(st, time.time_ns())
 
 
 def memo_path() -> str:
@@ -79,15 +76,11 @@ def _load_memo() -> dict[str, Any]:
 def _save_memo(memo: dict[str, Any]) -> None:
     """Write the memo atomically; a failure only costs a re-hash later."""
     path = _memo_path or memo_path()
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(tmp, "w") as f:
-            json.dump(memo, f, sort_keys=True)
-        os.replace(tmp, path)
+        _fs.write_atomic(path, json.dumps(memo, sort_keys=True).encode())
     except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        return  # only a memo: the next call hashes again
 
 
 def file_digest(path: str) -> str:

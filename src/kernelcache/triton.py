@@ -133,9 +133,9 @@ def _publish(cache: Cache, key: str, entry: Entry, names: Iterable[str]) -> dict
     disabled, failing) the files come from this process's private temp
     directory, and the memory tier still makes the next compile a hit.
     """
-    cache.put(key, entry)
+    stored = cache.put(key, entry)
     try:
-        return {name: entry.path(name) for name in names}
+        return {name: stored.path(name) for name in names}
     except _ENTRY_ERRORS:
         # A name Triton asked for that the group lacks, or a loader-side
         # failure: counted, and the caller's own staged files stay usable.

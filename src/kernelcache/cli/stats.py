@@ -51,7 +51,7 @@ def _complete(section: dict[str, Any]) -> dict[str, Any]:
 
     tiers = {}
     for name, counts in section["tiers"].items():
-        full = {field: counts.get(field, 0) for field in TIER_FIELDS}
+        full = {field: counts.get(field, 0) for field in TIER_FIELDS} | counts
         lookups = full["hits"] + full["misses"]
         full["hit_rate"] = full["hits"] / lookups if lookups else None
         tiers[name] = full
@@ -59,11 +59,19 @@ def _complete(section: dict[str, Any]) -> dict[str, Any]:
     return {"since": section["since"], "tiers": tiers, "compile": compiles}
 
 
-_REMOTE_FIELDS = ("timeouts", "breaker_trips", "skipped", "forged")
+#: How the report names (and orders) counters that only some tiers keep; others follow
+#: under their own names.
+_LABELS = {
+    "timeouts": "timeouts",
+    "breaker_trips": "circuit-breaker trips",
+    "skipped": "skipped while open",
+    "forged": "forged",
+}
 
 
 def _stats_text(report: dict[str, Any]) -> str:
     from kernelcache.cli.output import format_seconds, format_time, table
+    from kernelcache.stats.totals import TIER_FIELDS
     from kernelcache.units import format_size
 
     cap = report["max_bytes"]
@@ -106,12 +114,13 @@ def _stats_text(report: dict[str, Any]) -> str:
         lines += ["", f"{title} since {format_time(section['since'])}"]
         lines.append(table(headers, rows, right=range(1, 10)) if rows else "  (no activity)")
         for name, c in section["tiers"].items():
-            if name.startswith("redis") or any(c[f] for f in _REMOTE_FIELDS):
-                lines.append(
-                    f"{name}: timeouts {c['timeouts']}, circuit-breaker trips "
-                    f"{c['breaker_trips']}, skipped while open {c['skipped']}, "
-                    f"forged {c['forged']}"
-                )
+            # Counters only some tiers keep (a remote tier's timeouts, breaker trips, ...).
+            own = sorted(
+                ((k, v) for k, v in c.items() if k not in TIER_FIELDS and k != "hit_rate"),
+                key=lambda kv: (list(_LABELS).index(kv[0]) if kv[0] in _LABELS else 99, kv[0]),
+            )
+            if own:
+                lines.append(f"{name}: " + ", ".join(f"{_LABELS.get(k, k)} {v}" for k, v in own))
         lines.append(
             f"compiles {comp['compiles']} ({format_seconds(comp['compile_seconds'])}), "
             f"failed {comp['compile_errors']}, waited for another's compile "

@@ -32,15 +32,16 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kernelcache import _fs
+
+Signature = tuple[int, int, int, int, int]  # _fs.signature
+
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
 _COMPUTED = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]+([^<"\s][^\r\n]*)', re.M)
 _HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\r\n]+)[>"]\s*\)')
 #: Markers of path-dependent output: the file's path as NVRTC spells it ends up
 #: in the binary, so it must be in the key.
 _PATH_MACROS = (b"__FILE__", b"__FILE_NAME__")
-#: See toolchain.TOO_NEW_SECONDS: a file this fresh may be edited again within
-#: the filesystem's timestamp granularity, so its stat cannot vouch for its content.
-TOO_NEW_SECONDS = 2.0
 _MEMO_LIMIT = 4096
 
 
@@ -73,21 +74,20 @@ def parse(content: bytes) -> Parsed:
     )
 
 
-def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+_signature = _fs.signature
 
 
 def fresh(st: os.stat_result) -> bool:
     """Whether a file changed too recently for its stat to vouch for its content."""
-    return time.time() - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 <= TOO_NEW_SECONDS
+    return _fs.too_new(st, time.time_ns())
 
 
 # Parsed files memoised by absolute path and stat signature (this process only).
-_parsed: dict[str, tuple[tuple[int, int, int, int], Parsed]] = {}
+_parsed: dict[str, tuple[Signature, Parsed]] = {}
 _parsed_lock = threading.Lock()
 
 
-def parse_file(path: str) -> tuple[Parsed, tuple[int, int, int, int], bool]:
+def parse_file(path: str) -> tuple[Parsed, Signature, bool]:
     """Parse ``path``; returns the result, its stat signature and whether it was too fresh."""
     st = os.stat(path)
     sig = _signature(st)
@@ -119,8 +119,8 @@ class Scan:
 
     rows: list[tuple[str, str, bytes]] = field(default_factory=list)  # (root, path, digest)
     paths: list[str] = field(default_factory=list)  # as NVRTC spells them, for path-sensitive keys
-    checks: list[tuple[str, tuple[int, int, int, int]]] = field(default_factory=list)
-    absent: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    checks: list[tuple[str, Signature]] = field(default_factory=list)
+    absent: dict[str, Signature] = field(default_factory=dict)
     memoizable: bool = True
 
 
@@ -230,8 +230,8 @@ def _guard_absent(path: str, result: Scan) -> None:
 
 
 def still_valid(
-    checks: Sequence[tuple[str, tuple[int, int, int, int]]],
-    absent: Mapping[str, tuple[int, int, int, int]],
+    checks: Sequence[tuple[str, Signature]],
+    absent: Mapping[str, Signature],
 ) -> bool:
     """Whether no scanned file changed and no directory guarding a missing candidate did."""
     for path, sig in [*checks, *absent.items()]:

@@ -33,16 +33,13 @@ from collections.abc import Sequence
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
-from kernelcache.stats.totals import COMPILE_FIELDS, TIER_FIELDS, merge
+from kernelcache.stats.totals import COMPILE_FIELDS, merge
 from kernelcache.stores.base import Store
-from kernelcache.stores.memory import MemoryStore
 
 FLUSH_INTERVAL = 10.0
 HIT_SAMPLE = 65536
 #: The key -> compile_seconds map is trimmed to the memory tier's keys beyond this.
 PRICES_MIN = 4096
-#: The fields of ``Store.counters`` (every tier field but the one this module adds).
-_COUNTER_FIELDS = tuple(f for f in TIER_FIELDS if f != "seconds_saved")
 
 
 def tier_names(tiers: Sequence[Store]) -> list[str]:
@@ -79,7 +76,7 @@ class Recorder:
         self.names = tier_names(self.tiers)
         self.directory = directory
         #: Whether first-tier hits go to ``sample`` (see the module docstring).
-        self.sampling = bool(self.tiers) and isinstance(self.tiers[0], MemoryStore)
+        self.sampling = bool(self.tiers) and self.tiers[0].in_process
         self.sample: collections.deque[str] = collections.deque(maxlen=HIT_SAMPLE)
         self.flush_errors = 0
         self._setup()
@@ -103,8 +100,7 @@ class Recorder:
 
     @staticmethod
     def _counters(tier: Store) -> dict[str, int]:
-        c = tier.counters
-        return {name: getattr(c, name) for name in _COUNTER_FIELDS}
+        return tier.counters.as_dict()
 
     # Recording --------------------------------------------------------
     def hit(self, index: int, key: str, entry: Entry) -> None:
@@ -191,9 +187,8 @@ class Recorder:
             tiers: dict[str, dict[str, float]] = {}
             for index, tier in enumerate(self.tiers):
                 now = self._counters(tier)
-                delta: dict[str, float] = {
-                    k: now[k] - self._flushed[index][k] for k in _COUNTER_FIELDS
-                }
+                before = self._flushed[index]
+                delta: dict[str, float] = {k: v - before.get(k, 0) for k, v in now.items()}
                 delta["seconds_saved"] = self._saved[index]
                 self._flushed[index], self._saved[index] = now, 0.0
                 if any(delta.values()):
@@ -226,10 +221,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def persistent_dir(tiers: Sequence[Store]) -> str | None:
-    """Where a Cache over ``tiers`` keeps its statistics: its first disk tier's directory."""
-    from kernelcache.stores.disk import DiskStore
-
+    """Where a Cache over ``tiers`` keeps its statistics: its first tier's local directory."""
     for tier in tiers:
-        if isinstance(tier, DiskStore):
-            return tier.path
+        if tier.local_dir is not None:
+            return tier.local_dir
     return None

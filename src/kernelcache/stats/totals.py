@@ -16,15 +16,18 @@ nothing in the cache itself depends on these files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 
 import xxhash
 
+from kernelcache import _fs
 from kernelcache.stores.lockfile import close_lock_fd, open_lock_fd
 
 # Not typing.TYPE_CHECKING: a launcher hit records its statistics here, and
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 VERSION = 1
 KEY_SHARDS = 256
+#: What every tier reports; a tier may add counters of its own (Redis: timeouts, ...).
 TIER_FIELDS = (
     "hits",
     "misses",
@@ -47,10 +51,6 @@ TIER_FIELDS = (
     "corrupt",
     "bytes_read",
     "bytes_written",
-    "timeouts",
-    "skipped",
-    "breaker_trips",
-    "forged",
     "seconds_saved",
 )
 COMPILE_FIELDS = ("compiles", "compile_seconds", "compile_errors", "flight_waits", "lock_timeouts")
@@ -157,6 +157,11 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
     Only ``v1/stats`` is created, never the cache directory itself: a process
     flushing at exit must not resurrect a directory the user just removed.
     """
+    if getattr(_inside, "lock", False):
+        # A finalizer (a Cache collected mid-merge) flushing on the thread that
+        # holds the lock: a second flock on a new descriptor would wait for
+        # ourselves forever. The caller counts the lost batch.
+        raise OSError(errno.EDEADLK, "statistics merge re-entered on the same thread")
     folder = stats_dir(cache_dir)
     if create:
         with contextlib.suppress(FileExistsError):
@@ -164,33 +169,28 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
     fd = open_lock_fd(os.path.join(folder, "lock"))  # closed in forked children
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        yield folder
+        _inside.lock = True
+        try:
+            yield folder
+        finally:
+            _inside.lock = False
     finally:
         close_lock_fd(fd)
 
 
+_inside = threading.local()
+
+
 def _write_json(cache_dir: str, path: str, doc: object) -> None:
     # Staging is on the same filesystem and swept of files crashed writers leave.
-    # A random name from os.urandom, not uuid: importing uuid pulls in platform.
-    tmp = os.path.join(cache_dir, "v1", "staging", f"stats.{os.urandom(16).hex()}.tmp")
-    with open(tmp, "w", encoding="utf-8", opener=_private) as f:
-        json.dump(doc, f, separators=(",", ":"))
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _private(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_CLOEXEC, 0o600)
+    staging = os.path.join(cache_dir, "v1", "staging")
+    _fs.write_atomic(path, json.dumps(doc, separators=(",", ":")).encode(), staging=staging)
 
 
 def _add(counts: dict[str, Any], deltas: Mapping[str, float]) -> None:
+    # Zeros too: a counter a tier keeps shows in reports as 0, not as missing.
     for name, value in deltas.items():
-        if value:
-            counts[name] = counts.get(name, 0) + value
+        counts[name] = counts.get(name, 0) + value
 
 
 def merge(

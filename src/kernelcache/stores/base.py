@@ -84,6 +84,11 @@ def is_valid_key(key: object) -> bool:
     return True
 
 
+def bound(entry: Entry, key: str) -> Entry:
+    """``entry`` as a tier without files of its own holds it: under ``key``."""
+    return entry if entry.key == key else entry.bind(key)
+
+
 def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
     """Raise ``ValueError`` unless each size cap is a positive int or ``None``."""
     for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
@@ -94,10 +99,26 @@ def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
 class Counters:
     """What a tier did since this process opened it.
 
+    Every tier has these; a tier with more to count subclasses it and lists
+    its own names in ``names`` (the Redis tier counts timeouts, breaker trips
+    and forged values). Statistics carry whatever names a tier has.
+
     A plain class, as are EntryInfo and Settings: ``dataclasses`` imports
     ``inspect`` (and ``ast``, ``dis``, ``tokenize``), which cost every
     ``kernelcache nvcc`` call ~13 ms of its ~55. A counter is one line below.
     """
+
+    names: tuple[str, ...] = (
+        "hits",
+        "misses",
+        "puts",
+        "deletes",
+        "evictions",
+        "errors",
+        "corrupt",
+        "bytes_read",
+        "bytes_written",
+    )
 
     hits: int
     misses: int
@@ -108,21 +129,27 @@ class Counters:
     corrupt: int
     bytes_read: int
     bytes_written: int
-    # Kept by remote tiers; zero elsewhere. Ordinary counters, so the
-    # persistent statistics and `kernelcache stats` carry them like the rest.
-    timeouts: int
-    skipped: int  # calls not made while the circuit breaker was open
-    breaker_trips: int
-    forged: int  # values whose signature was missing or wrong
 
     def __init__(self, **counts: int) -> None:
-        for name in _COUNTER_NAMES:
+        for name in self.names:
             setattr(self, name, counts.pop(name, 0))
         if counts:
             raise TypeError(f"unknown counter(s): {', '.join(sorted(counts))}")
+        self._lock = threading.Lock()
+
+    def add(self, name: str, amount: int = 1) -> None:
+        """Add ``amount`` (may be negative) to counter ``name``, atomically across threads.
+
+        Hot paths that already hold their tier's own lock may write the
+        attribute directly (``counters.hits += 1``) instead.
+        """
+        if name not in self.names:
+            raise TypeError(f"{type(self).__name__} has no counter {name!r}")
+        with self._lock:
+            setattr(self, name, getattr(self, name) + amount)
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in _COUNTER_NAMES}
+        return {name: getattr(self, name) for name in self.names}
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Counters) and self.as_dict() == other.as_dict()
@@ -130,10 +157,8 @@ class Counters:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Counters({', '.join(f'{k}={v}' for k, v in self.as_dict().items())})"
-
-
-_COUNTER_NAMES = tuple(Counters.__annotations__)
+        counts = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
+        return f"{type(self).__name__}({counts})"
 
 
 class FlightLock(Protocol):
@@ -195,11 +220,13 @@ class Store(abc.ABC):
     #: Short name used in statistics ("memory", "disk", "sqlite", "redis").
     kind: str = "store"
 
+    #: The counters a tier of this class keeps; a tier that counts more names a subclass.
+    counters_class: type[Counters] = Counters
+
     def __init__(self, *, read_only: bool = False) -> None:
         self.read_only = read_only
-        self.counters = Counters()
+        self.counters = self.counters_class()
         self._closed = False
-        self._counter_lock = threading.Lock()
 
     @abc.abstractmethod
     def get(self, key: str) -> Entry | None:
@@ -209,8 +236,13 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def put(self, key: str, entry: Entry) -> None:
-        """Store ``entry`` under ``key``, replacing any previous one atomically."""
+    def put(self, key: str, entry: Entry) -> Entry:
+        """Store ``entry`` under ``key``, replacing any previous one atomically.
+
+        Returns the entry as this tier now holds it, bound to ``key`` (see
+        :meth:`Entry.bind`): from a tier that keeps files, its ``path()`` gives
+        files inside the tier. ``entry`` itself is never modified.
+        """
 
     @abc.abstractmethod
     def delete(self, key: str) -> bool:
@@ -241,6 +273,12 @@ class Store(abc.ABC):
 
     #: Size cap in bytes, or ``None`` when the tier is unbounded.
     max_bytes: int | None = None
+    #: Whether entries live in this process (a hit costs well under a microsecond,
+    #: so statistics sample such hits instead of counting each one).
+    in_process: bool = False
+    #: A directory of this machine that the tier owns, where statistics shared by
+    #: every process using the tier are kept; ``None`` if it has none.
+    local_dir: str | None = None
 
     def clear(self) -> int:
         """Remove every entry; returns how many were removed."""
@@ -260,8 +298,7 @@ class Store(abc.ABC):
             raise ReadOnlyStoreError(f"{self!r} is read-only")
 
     def _count(self, name: str, amount: int = 1) -> None:
-        with self._counter_lock:
-            setattr(self.counters, name, getattr(self.counters, name) + amount)
+        self.counters.add(name, amount)
 
     def __enter__(self) -> Store:
         return self

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from kernelcache.entry import Entry
-from kernelcache.stores.base import EntryInfo, Store, validate_key
+from kernelcache.stores.base import EntryInfo, Store, bound, validate_key
 
 
 class MemoryStore(Store):
@@ -18,6 +18,7 @@ class MemoryStore(Store):
     """
 
     kind = "memory"
+    in_process = True
 
     def __init__(
         self,
@@ -51,9 +52,10 @@ class MemoryStore(Store):
             counters.bytes_read += item[1]
             return item[0]
 
-    def put(self, key: str, entry: Entry) -> None:
+    def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
+        entry = bound(entry, key)
         size = entry.nbytes
         with self._lock:
             old = self._data.pop(key, None)
@@ -64,6 +66,7 @@ class MemoryStore(Store):
             self.counters.puts += 1
             self.counters.bytes_written += size
             self._evict_locked()
+        return entry
 
     def _evict_locked(self) -> None:
         while self._data and (

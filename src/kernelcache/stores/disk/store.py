@@ -27,10 +27,11 @@ import functools
 import os
 import time
 
+from kernelcache._fs import unique, write_new
 from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import EntryInfo, FlightLock, Store, check_caps, validate_key
-from kernelcache.stores.disk.files import Extractor, unique
+from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.space import (
     LOW_WATER,
     SHARDS,
@@ -96,6 +97,7 @@ class DiskStore(Store):
         super().__init__(read_only=read_only)
         check_caps(max_bytes, max_entries)
         self.path = os.path.abspath(os.fspath(path))
+        self.local_dir = self.path
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.durable = durable
@@ -215,11 +217,9 @@ class DiskStore(Store):
             os.close(fd)
         self.counters.hits += 1
         self.counters.bytes_read += st.st_size
-        entry._materialize = self._extractor.materialize
         return entry
 
-    @staticmethod
-    def _read(fd: int, size: int, key: str) -> Entry:
+    def _read(self, fd: int, size: int, key: str) -> Entry:
         head = os.pread(fd, size if size <= _FIRST_READ else _HEAD_READ, 0)
         if len(head) < size:  # only part of the file was read: the header may reach further
             need = header_size(head)
@@ -230,10 +230,12 @@ class DiskStore(Store):
             raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
         # Artifacts inside the first read are sliced from it; larger ones are
         # read straight into their own bytes object (no second copy).
-        return header.build(lambda offset, length: os.pread(fd, length, offset), key, head)
+        return header.build(
+            lambda offset, length: os.pread(fd, length, offset), key, head, self._extractor
+        )
 
     # Writes ------------------------------------------------------------
-    def put(self, key: str, entry: Entry) -> None:
+    def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
         shard = shard_of(key)
@@ -242,7 +244,7 @@ class DiskStore(Store):
         size = sum(map(len, parts))
         tmp = f"{self._staging}/{key[:64]}.{unique()}.tmp"
         try:
-            self._write_file(tmp, parts)
+            write_new(tmp, parts, durable=self.durable)
             # Publish and account under the shard lock: the size replaced must be
             # the one removed, or concurrent puts and deletes of a key make the
             # counters drift (and an undercount lets the shard outgrow its cap).
@@ -264,24 +266,9 @@ class DiskStore(Store):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
-        if entry._materialize is None and entry.key in (None, key):
-            # The caller's object (often also held by a memory tier) now has a
-            # published copy here: path() should give files inside this tier,
-            # capped and shared, not copies in a per-process temp directory.
-            entry.key = key
-            entry._materialize = self._extractor.materialize
-
-    def _write_file(self, tmp: str, parts: list[bytes]) -> None:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            for part in parts:
-                view = memoryview(part)
-                while view:
-                    view = view[os.write(fd, view) :]
-            if self.durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        # path() of what the caller keeps (often a memory tier too) gives files
+        # inside this tier, capped and shared, not copies in a temp directory.
+        return entry.bind(key, self._extractor)
 
     def delete(self, key: str) -> bool:
         validate_key(key)

@@ -24,7 +24,15 @@ from typing import Any
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, FlightLock, Store, is_valid_key, validate_key
+from kernelcache.stores.base import (
+    Counters,
+    EntryInfo,
+    FlightLock,
+    Store,
+    bound,
+    is_valid_key,
+    validate_key,
+)
 from kernelcache.stores.redis import config as redis_config
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.breaker import CircuitBreaker
@@ -45,6 +53,17 @@ class _Replaced(Exception):
     """The manifest changed while its chunks were being read: read the new one."""
 
 
+class RedisCounters(Counters):
+    """A remote tier's counters: every tier's, plus what only a network tier meets."""
+
+    names = (*Counters.names, "timeouts", "skipped", "breaker_trips", "forged")
+
+    timeouts: int
+    skipped: int  # calls not made while the circuit breaker was open
+    breaker_trips: int
+    forged: int  # values whose signature was missing or wrong
+
+
 class RedisStore(Store):
     """Entries in Redis for a team or cluster; every Redis failure is a counted StoreError.
 
@@ -61,6 +80,8 @@ class RedisStore(Store):
     """
 
     kind = "redis"
+    counters_class = RedisCounters
+    counters: RedisCounters
 
     def __init__(
         self,
@@ -222,7 +243,7 @@ class RedisStore(Store):
             return  # counted; the next put overwrites the damaged value anyway
 
     # Writes --------------------------------------------------------------------
-    def put(self, key: str, entry: Entry) -> None:
+    def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
         name = self._entries + key
@@ -240,6 +261,7 @@ class RedisStore(Store):
             stored = self._put_chunked(key, name, flags, size, payload)
         self._count("puts")
         self._count("bytes_written", stored)
+        return bound(entry, key)
 
     def _encode(self, parts: list[bytes], size: int) -> tuple[int, bytes]:
         if size >= self.compress_min and fmt.worth_compressing(parts, self.compress_level):

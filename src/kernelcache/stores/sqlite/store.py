@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
-from kernelcache.stores.base import EntryInfo, check_caps, validate_key
+from kernelcache.stores.base import EntryInfo, bound, check_caps, validate_key
 from kernelcache.stores.sqlite.file import (
     APPLICATION_ID,
     DEFAULT_TIMEOUT,
@@ -120,7 +120,7 @@ class SQLiteStore(SQLiteFile):
             return
 
     # Writes ------------------------------------------------------------
-    def put(self, key: str, entry: Entry) -> None:
+    def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
         blob = entry.pack(key)
@@ -129,6 +129,7 @@ class SQLiteStore(SQLiteFile):
         self._count("bytes_written", len(blob))
         if evicted:
             self._count("evictions", evicted)
+        return bound(entry, key)
 
     def _insert(self, conn: sqlite3.Connection | None, key: str, blob: bytes) -> int:
         assert conn is not None

@@ -1,0 +1,101 @@
+"""File-system mechanisms, one home each: unique names, writing files whole,
+publishing them atomically, and deciding when a file's stat vouches for its content.
+
+Everything that writes a file others may read (entries, statistics, memos,
+the launcher's outputs) goes through :func:`write_new` and
+:func:`write_atomic`; everything that trusts a stat instead of re-reading a
+file (toolchain probes, NVRTC headers, the launcher's manifests) compares
+:func:`signature` values and asks :func:`too_new` first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+#: A stat whose mtime or ctime is this recent does not vouch for the content:
+#: a write within the file system's timestamp granularity may leave both
+#: unchanged (ccache's "file too new" rule; 2 s covers the coarsest common
+#: granularity, FAT's). Such files are re-read rather than trusted.
+TOO_NEW_NS = 2_000_000_000
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def unique() -> str:
+    """A random name part (``uuid`` would cost its import, and ``platform``'s, per launch)."""
+    return os.urandom(16).hex()
+
+
+def signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What identifies a file's content without reading it: device, inode, size, mtime, ctime.
+
+    Any write changes mtime and ctime (unless within the timestamp
+    granularity: see :func:`too_new`); a rename over the path changes the inode.
+    """
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def too_new(st: os.stat_result, now_ns: int) -> bool:
+    """Whether ``st`` changed too recently (relative to ``now_ns``, ``time.time_ns()``) to
+    vouch for the file's content."""
+    return now_ns - max(st.st_mtime_ns, st.st_ctime_ns) < TOO_NEW_NS
+
+
+def write_new(
+    path: str, parts: Sequence[bytes | memoryview], *, mode: int = 0o600, durable: bool = False
+) -> None:
+    """Create ``path`` (it must not exist; a symlink there is refused) holding ``parts``.
+
+    For files in a private staging area, published afterwards by a rename.
+    ``durable`` adds an ``fsync`` before returning.
+    """
+    fd = os.open(path, _CREATE, mode)
+    try:
+        for part in parts:
+            view = memoryview(part)
+            while view:
+                view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(
+    path: str,
+    data: bytes | Sequence[bytes | memoryview],
+    *,
+    staging: str | None = None,
+    mode: int = 0o600,
+    durable: bool = False,
+    unlink_first: bool = False,
+) -> None:
+    """Replace ``path`` with ``data`` so that no reader ever sees it partly written.
+
+    The bytes go to a new file in ``staging`` (default: beside ``path``; it
+    must be on the same file system), which is then renamed over ``path``.
+    ``unlink_first`` removes the old file before the rename: on ext4,
+    renaming over an existing file forces a flush of the new data
+    (``auto_da_alloc``), ~2 ms per file, which the launcher's outputs need
+    not pay; readers then see no file for a moment instead of the old one.
+    Raises ``OSError``; nothing is left behind on failure.
+    """
+    folder = staging if staging is not None else os.path.dirname(path) or "."
+    tmp = os.path.join(folder, f".{os.path.basename(path)[:64]}.{unique()}.tmp")
+    parts = [data] if isinstance(data, bytes) else data
+    try:
+        write_new(tmp, parts, mode=mode, durable=durable)
+        if unlink_first:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

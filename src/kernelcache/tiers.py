@@ -1,0 +1,98 @@
+"""Tiers composed: read-through with promotion, write-through, failures as counted misses.
+
+:class:`TierStack` is what a :class:`~kernelcache.Cache` and its single-flight
+share: looking in the tiers from a given index (promoting and counting a hit)
+and storing an entry in every writable tier. :func:`default_tiers` builds the
+tiers that :class:`~kernelcache.settings.Settings` describe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kernelcache.entry import Entry
+from kernelcache.errors import StoreError
+from kernelcache.settings import Settings
+from kernelcache.stats import Recorder
+from kernelcache.stores.base import Store
+
+
+def default_tiers(settings: Settings) -> list[Store]:
+    """Memory, local disk, and Redis when ``remote`` is set, as :class:`Settings` say.
+
+    The remote tier is read-only when ``readonly`` is set or its URL says ``?readonly=1``.
+    """
+    from kernelcache.stores.disk import DiskStore
+    from kernelcache.stores.memory import MemoryStore
+
+    if settings.disable:
+        return []
+    tiers: list[Store] = [
+        MemoryStore(max_bytes=settings.memory_max_size),
+        DiskStore.from_settings(settings),
+    ]
+    if settings.remote:
+        from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
+
+        tiers.append(
+            RedisStore(settings.remote, secret=settings.secret, read_only=settings.readonly)
+        )
+    return tiers
+
+
+class TierStack:
+    """Reads and writes over an ordered sequence of tiers (fastest first).
+
+    A tier that raises :class:`StoreError` is skipped: it counted the failure
+    itself, and the other tiers still serve or store the entry.
+    """
+
+    def __init__(self, tiers: Sequence[Store], recorder: Recorder) -> None:
+        self.tiers = tiers
+        self.recorder = recorder
+
+    def hit(self, index: int, key: str, entry: Entry) -> Entry:
+        """Count a hit in ``tiers[index]`` and promote it to the faster tiers.
+
+        Returns the entry to hand out: as the fastest tier holding files keeps
+        it (a Redis hit promoted to disk gives ``path()`` files on disk).
+        """
+        self.recorder.hit(index, key, entry)
+        return self.write(self.tiers[:index], key, entry)
+
+    def lookup_from(self, start: int, key: str) -> Entry | None:
+        """Look again in ``tiers[start:]`` (single-flight, after a lock wait).
+
+        The first lookup already counted this request's miss, so a miss here
+        is taken back from the tier's counters rather than counted twice.
+        """
+        for index in range(start, len(self.tiers)):
+            tier = self.tiers[index]
+            try:
+                entry = tier.get(key)
+            except StoreError:
+                continue
+            if entry is not None:
+                return self.hit(index, key, entry)
+            tier.counters.add("misses", -1)
+        return None
+
+    def store(self, key: str, entry: Entry) -> Entry:
+        """Write ``entry`` under ``key`` to every writable tier; returns it as stored."""
+        stored = self.write(self.tiers, key, entry if entry.key == key else entry.bind(key))
+        self.recorder.note(key, stored)
+        self.recorder.tick()
+        return stored
+
+    @staticmethod
+    def write(tiers: Sequence[Store], key: str, entry: Entry) -> Entry:
+        """Write ``entry`` to ``tiers``, slowest first: what a tier with files of its
+        own returns (``path()`` inside it) is what the faster tiers keep."""
+        for tier in reversed(tiers):
+            if tier.read_only:
+                continue
+            try:
+                entry = tier.put(key, entry)
+            except StoreError:
+                continue  # counted by the tier; the others still get the entry
+        return entry
