@@ -3,20 +3,29 @@
 >>> import kernelcache as kc
 >>> cache = kc.Cache()  # memory + disk at KERNELCACHE_DIR (+ Redis if KERNELCACHE_REMOTE)
 
-Names are imported on first use (PEP 562): ``kernelcache nvcc`` runs on every
-build's critical path and must not pay for ``inspect`` (fingerprint) or tiers
-it does not touch. Integrations (``kernelcache.nvrtc``, ``kernelcache.triton``,
-...) are imported on demand; nothing here imports a compiler.
+Every public name is imported on first use (PEP 562), from the one table
+below: ``import kernelcache`` costs nothing it does not need, and an
+integration whose compiler is not installed says which extra to install.
 """
 
 from __future__ import annotations
 
-# Not typing.TYPE_CHECKING: importing typing costs ~2 ms; mypy knows the idiom.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+import importlib
+import typing
 
-    from kernelcache import fingerprint, toolchain
+__version__ = "0.2.0"
+
+if typing.TYPE_CHECKING:
+    from kernelcache import (
+        autotune,
+        cuda_core,
+        fingerprint,
+        memoize,
+        nvrtc,
+        stores,
+        toolchain,
+        triton,
+    )
     from kernelcache.cache import Cache
     from kernelcache.entry import Entry
     from kernelcache.errors import (
@@ -28,33 +37,42 @@ if TYPE_CHECKING:
     )
     from kernelcache.keys import KeyBuilder, make_key
     from kernelcache.settings import Settings
+    from kernelcache.singleflight import Claim
     from kernelcache.stores import DiskStore, MemoryStore, Store
+    from kernelcache.stores.redis import RedisStore
     from kernelcache.stores.sqlite import SQLiteStore
 
-__version__ = "0.1.0"
-
-# public name -> module that defines it ("" for a submodule of the same name)
-_LAZY = {
-    "Cache": "kernelcache.cache",
-    "ConfigError": "kernelcache.errors",
-    "CorruptEntry": "kernelcache.errors",
-    "DiskStore": "kernelcache.stores",
-    "Entry": "kernelcache.entry",
-    "KernelCacheError": "kernelcache.errors",
-    "KeyBuilder": "kernelcache.keys",
-    "MemoryStore": "kernelcache.stores",
-    "ReadOnlyStoreError": "kernelcache.errors",
-    "SQLiteStore": "kernelcache.stores",
-    "Settings": "kernelcache.settings",
-    "Store": "kernelcache.stores",
-    "StoreError": "kernelcache.errors",
-    "fingerprint": "",
-    "make_key": "kernelcache.keys",
-    "toolchain": "",
+#: public name -> (module, attribute); attribute None: the module itself.
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "Cache": ("kernelcache.cache", "Cache"),
+    "Claim": ("kernelcache.singleflight", "Claim"),
+    "ConfigError": ("kernelcache.errors", "ConfigError"),
+    "CorruptEntry": ("kernelcache.errors", "CorruptEntry"),
+    "DiskStore": ("kernelcache.stores.disk", "DiskStore"),
+    "Entry": ("kernelcache.entry", "Entry"),
+    "KernelCacheError": ("kernelcache.errors", "KernelCacheError"),
+    "KeyBuilder": ("kernelcache.keys", "KeyBuilder"),
+    "MemoryStore": ("kernelcache.stores.memory", "MemoryStore"),
+    "ReadOnlyStoreError": ("kernelcache.errors", "ReadOnlyStoreError"),
+    "RedisStore": ("kernelcache.stores.redis", "RedisStore"),
+    "SQLiteStore": ("kernelcache.stores.sqlite", "SQLiteStore"),
+    "Settings": ("kernelcache.settings", "Settings"),
+    "Store": ("kernelcache.stores.base", "Store"),
+    "StoreError": ("kernelcache.errors", "StoreError"),
+    "make_key": ("kernelcache.keys", "make_key"),
+    "autotune": ("kernelcache.autotune", None),
+    "cuda_core": ("kernelcache.cuda_core", None),
+    "fingerprint": ("kernelcache.fingerprint", None),
+    "memoize": ("kernelcache.memoize", None),
+    "nvrtc": ("kernelcache.nvrtc", None),
+    "stores": ("kernelcache.stores", None),
+    "toolchain": ("kernelcache.toolchain", None),
+    "triton": ("kernelcache.triton", None),
 }
 
 __all__ = [
     "Cache",
+    "Claim",
     "ConfigError",
     "CorruptEntry",
     "DiskStore",
@@ -63,30 +81,35 @@ __all__ = [
     "KeyBuilder",
     "MemoryStore",
     "ReadOnlyStoreError",
+    "RedisStore",
     "SQLiteStore",
     "Settings",
     "Store",
     "StoreError",
+    "autotune",
+    "cuda_core",
     "fingerprint",
     "make_key",
+    "memoize",
+    "nvrtc",
+    "stores",
     "toolchain",
+    "triton",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernelcache' has no attribute {name!r}")
-    value = (
-        importlib.import_module(f"kernelcache.{name}")
-        if module == ""
-        else getattr(importlib.import_module(module), name)
-    )
+def __getattr__(name: str) -> typing.Any:
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'kernelcache' has no attribute {name!r}") from None
+    # Integrations raise ImportError naming the extra to install (kernelcache._extras).
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return [*__all__, "__version__"]

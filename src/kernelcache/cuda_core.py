@@ -22,7 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cuda.core.utils import ProgramCacheResource
+from kernelcache._extras import missing
+
+try:
+    from cuda.core.utils import ProgramCacheResource
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="cuda.core", extra="nvrtc", feature="kernelcache.cuda_core") from exc
 
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError

@@ -36,8 +36,13 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from triton.runtime.cache import CacheManager as _TritonCacheManager
-from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
+from kernelcache._extras import missing
+
+try:
+    from triton.runtime.cache import CacheManager as _TritonCacheManager
+    from triton.runtime.cache import FileCacheManager, RemoteCacheBackend
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="triton", extra="triton", feature="kernelcache.triton") from exc
 
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry, validate_name

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kernelcache._extras import missing
 from kernelcache.errors import KernelCacheError
 from kernelcache.keys import KeyBuilder
 from kernelcache.nvrtc import includes
@@ -328,7 +329,11 @@ def _key_for(req: _Request) -> str:
 
 
 def _compile_entry(req: _Request) -> Entry:
-    from cuda.bindings import nvrtc as _nvrtc
+    try:
+        from cuda.bindings import nvrtc as _nvrtc
+    except ModuleNotFoundError as exc:
+        feature = "kernelcache.nvrtc.compile"
+        raise missing(exc, package="cuda.bindings", extra="nvrtc", feature=feature) from exc
 
     from kernelcache.entry import Entry
 

@@ -90,9 +90,13 @@ def bound(entry: Entry, key: str) -> Entry:
 
 
 def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
-    """Raise ``ValueError`` unless each size cap is a positive int or ``None``."""
+    """Raise ``ValueError`` unless each size cap is a positive int or ``None``.
+
+    The one rule for every tier's keyword-only caps: ``max_bytes`` counts
+    bytes, ``max_entries`` counts entries, ``None`` means no cap.
+    """
     for name, value in (("max_bytes", max_bytes), ("max_entries", max_entries)):
-        if value is not None and (not isinstance(value, int) or value <= 0):
+        if value is not None and (type(value) is not int or value <= 0):  # bool is no cap
             raise ValueError(f"{name} must be a positive int or None, not {value!r}")
 
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from kernelcache.entry import Entry
-from kernelcache.stores.base import EntryInfo, Store, bound, validate_key
+from kernelcache.stores.base import EntryInfo, Store, bound, check_caps, validate_key
 
 
 class MemoryStore(Store):
@@ -22,15 +22,13 @@ class MemoryStore(Store):
 
     def __init__(
         self,
-        max_entries: int | None = None,
-        max_bytes: int | None = None,
         *,
+        max_bytes: int | None = None,
+        max_entries: int | None = None,
         read_only: bool = False,
     ) -> None:
         super().__init__(read_only=read_only)
-        for name, value in (("max_entries", max_entries), ("max_bytes", max_bytes)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be a non-negative int or None, not {value!r}")
+        check_caps(max_bytes, max_entries)
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._data: OrderedDict[str, tuple[Entry, int]] = OrderedDict()

@@ -88,9 +88,9 @@ class DiskStore(Store):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        *,
         max_bytes: int | None = None,
         max_entries: int | None = None,
-        *,
         read_only: bool = False,
         durable: bool = False,
     ) -> None:

@@ -60,9 +60,9 @@ class SQLiteStore(SQLiteFile):
     def __init__(
         self,
         path: str | os.PathLike[str],
+        *,
         max_bytes: int | None = None,
         max_entries: int | None = None,
-        *,
         read_only: bool = False,
         timeout: float = DEFAULT_TIMEOUT,
         durable: bool = False,
