@@ -13,7 +13,7 @@ from kernelcache.settings import Settings
 from kernelcache.singleflight import Claim, SingleFlight
 from kernelcache.stats import Recorder, persistent_dir
 from kernelcache.stores.base import Store, validate_key
-from kernelcache.tiers import TierStack, default_tiers
+from kernelcache.tiers import TierStack, default_tiers, settings_dir
 
 #: How long a caller waits for another's compile of the same key before compiling itself.
 DEFAULT_TIMEOUT = 300.0
@@ -43,7 +43,11 @@ class Cache:
         for tier in self.tiers:
             if not isinstance(tier, Store):
                 raise TypeError(f"Cache tiers must be Store instances, not {type(tier).__name__}")
-        self._stats = Recorder(self.tiers, persistent_dir(self.tiers) if persist_stats else None)
+        # Statistics live in the settings' directory when the settings chose the
+        # tiers (whatever the local tier's kind), else in the first local tier's.
+        #: The directory whose statistics ``kernelcache stats`` shows for this cache.
+        self.stats_dir = settings_dir(self.settings) if tiers is None else persistent_dir(self.tiers)
+        self._stats = Recorder(self.tiers, self.stats_dir if persist_stats else None)
         # Collaborators that do not refer back to the Cache: a cycle would leave a
         # dropped Cache (and its last statistics flush) to the cyclic collector,
         # which may run it at any allocation, even inside another flush.

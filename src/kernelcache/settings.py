@@ -57,6 +57,19 @@ def _parse_bool(name: str, text: str) -> bool:
     )
 
 
+#: The kinds of local tier ``KERNELCACHE_LOCAL`` can choose.
+LOCAL_TIERS = ("disk", "sqlite")
+
+
+def _parse_local(name: str, text: str) -> str:
+    value = text.strip().lower() or "disk"
+    if value not in LOCAL_TIERS:
+        raise ConfigError(
+            f"{ENV_PREFIX}{name} must be one of {', '.join(LOCAL_TIERS)}; got {text!r}"
+        )
+    return value
+
+
 def _parse_optional_size(name: str, text: str) -> int | None:
     if text.strip().lower() in ("", "0", "none", "unlimited"):
         return None
@@ -68,6 +81,7 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
     "dir": (lambda name, text: os.path.expanduser(text), default_dir),
     "max_size": (_parse_optional_size, lambda: DEFAULT_MAX_SIZE),
     "memory_max_size": (_parse_optional_size, lambda: DEFAULT_MEMORY_MAX_SIZE),
+    "local": (_parse_local, lambda: "disk"),
     "remote": (lambda name, text: text or None, lambda: None),
     "disable": (_parse_bool, lambda: False),
     "readonly": (_parse_bool, lambda: False),
@@ -85,6 +99,7 @@ class Settings:
     __slots__ = (
         "dir",
         "disable",
+        "local",
         "max_size",
         "memory_max_size",
         "readonly",
@@ -96,6 +111,7 @@ class Settings:
     dir: str
     max_size: int | None
     memory_max_size: int | None
+    local: str
     remote: str | None
     disable: bool
     readonly: bool
@@ -107,13 +123,14 @@ class Settings:
         dir: str,
         max_size: int | None,
         memory_max_size: int | None,
+        local: str,
         remote: str | None,
         disable: bool,
         readonly: bool,
         secret: str | None,
         sources: dict[str, str] | None = None,
     ) -> None:
-        values = (dir, max_size, memory_max_size, remote, disable, readonly, secret)
+        values = (dir, max_size, memory_max_size, local, remote, disable, readonly, secret)
         for name, value in zip(_FIELDS, values, strict=True):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "sources", {} if sources is None else sources)
@@ -152,7 +169,11 @@ class Settings:
             var = ENV_PREFIX + name.upper()
             if arguments.get(name) is not None:
                 value = arguments[name]
-                values[name] = parse_size(value) if name.endswith("max_size") else value
+                if name.endswith("max_size"):
+                    value = parse_size(value)
+                elif name == "local":
+                    value = _parse_local(name.upper(), value)
+                values[name] = value
                 sources[name] = "argument"
             elif var in env:
                 values[name] = parse(name.upper(), env[var])
@@ -161,6 +182,15 @@ class Settings:
                 values[name] = default()
                 sources[name] = "default"
         return cls(**values, sources=sources)
+
+    def replaced(self, **changes: Any) -> Settings:
+        """A copy with some values changed (their source becomes "argument")."""
+        unknown = set(changes) - set(_FIELDS)
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        values = {name: changes.get(name, getattr(self, name)) for name in _FIELDS}
+        sources = {**self.sources, **dict.fromkeys(changes, "argument")}
+        return Settings(**values, sources=sources)
 
     def describe(self) -> list[tuple[str, str, str]]:
         """``(name, value, source)`` rows; the secret is never shown."""

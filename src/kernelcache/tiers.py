@@ -8,6 +8,7 @@ tiers that :class:`~kernelcache.settings.Settings` describe.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from kernelcache.entry import Entry
@@ -15,22 +16,24 @@ from kernelcache.errors import StoreError
 from kernelcache.settings import Settings
 from kernelcache.stats import Recorder
 from kernelcache.stores.base import Store
+from kernelcache.stores.disk import DiskStore
+from kernelcache.stores.memory import MemoryStore
+
+#: The SQLite tier's file under the cache directory (``KERNELCACHE_LOCAL=sqlite``).
+SQLITE_FILE = "cache.sqlite"
 
 
 def default_tiers(settings: Settings) -> list[Store]:
-    """Memory, local disk, and Redis when ``remote`` is set, as :class:`Settings` say.
+    """Memory, a local tier, and Redis when ``remote`` is set, as :class:`Settings` say.
 
-    The remote tier is read-only when ``readonly`` is set or its URL says ``?readonly=1``.
+    The local tier is a :class:`DiskStore` at ``dir`` or, with ``local="sqlite"``,
+    a :class:`SQLiteStore` at ``dir/cache.sqlite``; both take ``max_size`` as
+    their cap. The remote tier is read-only when ``readonly`` is set or its URL
+    says ``?readonly=1``.
     """
-    from kernelcache.stores.disk import DiskStore
-    from kernelcache.stores.memory import MemoryStore
-
     if settings.disable:
         return []
-    tiers: list[Store] = [
-        MemoryStore(max_bytes=settings.memory_max_size),
-        DiskStore.from_settings(settings),
-    ]
+    tiers: list[Store] = [MemoryStore(max_bytes=settings.memory_max_size), local_tier(settings)]
     if settings.remote:
         from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
 
@@ -38,6 +41,24 @@ def default_tiers(settings: Settings) -> list[Store]:
             RedisStore(settings.remote, secret=settings.secret, read_only=settings.readonly)
         )
     return tiers
+
+
+def settings_dir(settings: Settings) -> str | None:
+    """Where a Cache over the default tiers keeps its statistics (none when disabled)."""
+    return None if settings.disable else settings.dir
+
+
+def local_tier(settings: Settings) -> Store:
+    """The one local tier :class:`Settings` describe (see :func:`default_tiers`)."""
+    if settings.local == "sqlite":
+        from kernelcache.stores.sqlite import SQLiteStore  # sqlite3 only for its users
+
+        return SQLiteStore(
+            os.path.join(settings.dir, SQLITE_FILE),
+            max_bytes=settings.max_size,
+            read_only=settings.readonly,
+        )
+    return DiskStore.from_settings(settings)
 
 
 class TierStack:

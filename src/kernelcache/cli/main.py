@@ -154,131 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-# Commands (stats: cli_stats.py; verify, prune, clear, export, import: cli_maint.py)
-def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
-    import time
-
-    from kernelcache.cli.output import format_age, format_seconds, print_json, table
-    from kernelcache.stats.totals import read_key_hits
-    from kernelcache.stores.disk import DiskStore
-    from kernelcache.units import format_size
-
-    hits = read_key_hits(settings.dir)
-    rows: list[dict[str, Any]] = []
-    for info in DiskStore(settings.dir, read_only=True).scan():
-        count, saved = hits.get(info.key, (0, 0.0))
-        rows.append(
-            {
-                "key": info.key,
-                "size": info.size,
-                "last_access": info.last_access,
-                "created": info.created,
-                "hits": count,
-                "seconds_saved": saved,
-            }
-        )
-    order = {"size": "size", "hits": "hits", "age": "last_access"}[args.sort]
-    rows.sort(key=lambda r: (r[order], r["key"]), reverse=args.sort != "age")
-    if args.json:
-        print_json(rows)
-        return 0
-    now = time.time()
-    print(
-        table(
-            ("KEY", "SIZE", "LAST USED", "HITS", "SAVED"),
-            [
-                (
-                    r["key"],
-                    format_size(r["size"]),
-                    format_age(now - r["last_access"]) + " ago",
-                    r["hits"],
-                    format_seconds(r["seconds_saved"]),
-                )
-                for r in rows
-            ],
-            right=(1, 2, 3, 4),
-        )
-    )
-    return 0
-
-
-def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
-    import xxhash
-
-    from kernelcache.cli.output import format_time, print_json, table
-    from kernelcache.errors import ConfigError
-    from kernelcache.stats.totals import read_key_hits
-    from kernelcache.stores.disk import DiskStore
-
-    store = DiskStore(settings.dir, read_only=True)
-    try:
-        info = store.info(args.key)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    entry = store.get(args.key) if info is not None else None
-    if info is None or entry is None:
-        state = "is damaged (run `kernelcache verify --fix`)" if info else "is not in the cache"
-        print(f"kernelcache: entry {args.key} {state}", file=sys.stderr)
-        return 1
-    hits, saved = read_key_hits(settings.dir).get(args.key, (0, 0.0))
-    artifacts = [
-        {"name": name, "size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
-        for name, data in entry.items()
-    ]
-    report = {
-        "key": args.key,
-        "size": info.size,
-        "last_access": info.last_access,
-        "created": info.created,
-        "hits": hits,
-        "seconds_saved": saved,
-        "meta": entry.meta,
-        "artifacts": artifacts,
-    }
-    if args.json:
-        print_json(report)
-        return 0
-    fields = [
-        ("key", args.key),
-        ("file size", info.size),
-        ("last used", format_time(info.last_access)),
-        ("created", format_time(info.created)),
-        ("hits", f"{hits} (saved {saved:.2f} s)"),
-    ]
-    print(table(("FIELD", "VALUE"), fields))
-    print("\nmeta")
-    print(table(("NAME", "VALUE"), sorted((k, repr(v)) for k, v in entry.meta.items())))
-    print("\nartifacts")
-    print(
-        table(
-            ("NAME", "SIZE", "XXH3-128"),
-            [(a["name"], a["size"], a["xxh3_128"]) for a in artifacts],
-            right=(1,),
-        )
-    )
-    return 0
-
-
-def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelcache.cli.output import print_json, table
-
-    if args.json:
-        print_json(
-            [
-                {
-                    "name": name,
-                    "value": None if name == "secret" else getattr(settings, name),
-                    "set": getattr(settings, name) is not None,
-                    "source": source,
-                }
-                for name, _shown, source in settings.describe()
-            ]
-        )
-    else:
-        print(table(("SETTING", "VALUE", "SOURCE"), settings.describe()))
-    return 0
-
-
 def _lazy(module: str, name: str) -> Any:
     """A command implemented in another CLI module, imported only when it runs."""
 
@@ -292,9 +167,9 @@ def _lazy(module: str, name: str) -> Any:
 
 COMMANDS = {
     "stats": _lazy("cli.stats", "cmd_stats"),
-    "ls": cmd_ls,
-    "show": cmd_show,
-    "config": cmd_config,
+    "ls": _lazy("cli.listing", "cmd_ls"),
+    "show": _lazy("cli.listing", "cmd_show"),
+    "config": _lazy("cli.listing", "cmd_config"),
     "verify": _lazy("cli.maint", "cmd_verify"),
     "prune": _lazy("cli.maint", "cmd_prune"),
     "clear": _lazy("cli.maint", "cmd_clear"),

@@ -82,6 +82,11 @@ class Progress:
         self.stream.write(f"\r{self.label} [{bar}] {done}/{self.total}")
         self.stream.flush()
 
+    def set(self, done: int, total: int) -> None:
+        """Progress when the total is learnt along the way (a ``maintenance.Progress``)."""
+        self.total = total
+        self.update(done)
+
     def close(self) -> None:
         if self.enabled:
             self.update(self.total)

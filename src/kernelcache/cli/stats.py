@@ -15,23 +15,37 @@ if TYPE_CHECKING:
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from kernelcache.cli.common import named, open_cache
     from kernelcache.cli.output import print_json
+    from kernelcache.errors import StoreError
     from kernelcache.stats import totals as stats_file
-    from kernelcache.stores.disk import DiskStore
 
-    if args.zero and stats_file.zero_period(settings.dir) and not args.json:
+    usage: dict[str, dict[str, Any]] = {}
+    with open_cache(settings, write=False) as cache:
+        directory = cache.stats_dir or settings.dir
+        for name, tier in named(cache.tiers):
+            if tier.in_process:
+                continue
+            try:
+                entries, size = tier.usage()
+            except StoreError:  # counted by the tier; shown as unknown
+                usage[name] = {"entries": None, "bytes": None, "max_bytes": tier.max_bytes}
+                continue
+            usage[name] = {"entries": entries, "bytes": size, "max_bytes": tier.max_bytes}
+    if args.zero and stats_file.zero_period(directory) and not args.json:
         print("Started a new statistics period (lifetime totals kept).")
-    totals = stats_file.read_totals(settings.dir)
+    totals = stats_file.read_totals(directory)
     if totals.get("damaged"):
         print(
             "kernelcache: warning: the statistics file is damaged; showing zeros", file=sys.stderr
         )
-    entries, size = DiskStore(settings.dir, read_only=True).usage()
+    first = next(iter(usage.values()), {"entries": 0, "bytes": 0, "max_bytes": None})
     report: dict[str, Any] = {
-        "dir": settings.dir,
-        "entries": entries,
-        "bytes": size,
-        "max_bytes": settings.max_size,
+        "dir": directory,
+        "entries": first["entries"],  # the first persistent tier, as before tiers were listed
+        "bytes": first["bytes"],
+        "max_bytes": first["max_bytes"],
+        "usage": usage,
     }
     for name in ("period", "lifetime"):
         report[name] = _complete(totals[name])
@@ -74,11 +88,15 @@ def _stats_text(report: dict[str, Any]) -> str:
     from kernelcache.stats.totals import TIER_FIELDS
     from kernelcache.units import format_size
 
-    cap = report["max_bytes"]
-    used = format_size(report["bytes"])
-    if cap:
-        used += f" of {format_size(cap)} ({100 * report['bytes'] / cap:.1f}%)"
-    lines = [f"directory  {report['dir']}", f"entries    {report['entries']}", f"size       {used}"]
+    lines = [f"directory  {report['dir']}"]
+    for name, use in report["usage"].items():
+        if use["bytes"] is None:
+            lines.append(f"{name:<10} unavailable")
+            continue
+        used = format_size(use["bytes"])
+        if use["max_bytes"]:
+            used += f" of {format_size(use['max_bytes'])} ({100 * use['bytes'] / use['max_bytes']:.1f}%)"
+        lines.append(f"{name:<10} {use['entries']} entries, {used}")
     headers = [
         "TIER",
         "HITS",

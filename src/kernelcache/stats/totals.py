@@ -154,8 +154,8 @@ def _key_shard(key: str) -> str:
 def _locked(cache_dir: str, create: bool) -> Iterator[str]:
     """Hold the stats lock; yields the stats folder.
 
-    Only ``v1/stats`` is created, never the cache directory itself: a process
-    flushing at exit must not resurrect a directory the user just removed.
+    Only ``v1/stats`` is created, and only inside an existing cache directory:
+    a process flushing at exit must not resurrect a directory the user just removed.
     """
     if getattr(_inside, "lock", False):
         # A finalizer (a Cache collected mid-merge) flushing on the thread that
@@ -163,9 +163,8 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
         # ourselves forever. The caller counts the lost batch.
         raise OSError(errno.EDEADLK, "statistics merge re-entered on the same thread")
     folder = stats_dir(cache_dir)
-    if create:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o700)
+    if create and os.path.isdir(cache_dir):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
     fd = open_lock_fd(os.path.join(folder, "lock"))  # closed in forked children
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -181,10 +180,8 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
 _inside = threading.local()
 
 
-def _write_json(cache_dir: str, path: str, doc: object) -> None:
-    # Staging is on the same filesystem and swept of files crashed writers leave.
-    staging = os.path.join(cache_dir, "v1", "staging")
-    _fs.write_atomic(path, json.dumps(doc, separators=(",", ":")).encode(), staging=staging)
+def _write_json(path: str, doc: object) -> None:
+    _fs.write_atomic(path, json.dumps(doc, separators=(",", ":")).encode())
 
 
 def _add(counts: dict[str, Any], deltas: Mapping[str, float]) -> None:
@@ -210,12 +207,12 @@ def merge(
             for name, deltas in tiers.items():
                 _add(section["tiers"].setdefault(name, {}), deltas)
             _add(section["compile"], compile_counts)
-        _write_json(cache_dir, path, totals)
+        _write_json(path, totals)
         if keys:
-            _merge_keys(cache_dir, folder, keys)
+            _merge_keys(folder, keys)
 
 
-def _merge_keys(cache_dir: str, folder: str, keys: KeyDeltas) -> None:
+def _merge_keys(folder: str, keys: KeyDeltas) -> None:
     shards: dict[str, list[tuple[str, tuple[int, float]]]] = {}
     for key, delta in keys.items():
         shards.setdefault(_key_shard(key), []).append((key, delta))
@@ -227,18 +224,18 @@ def _merge_keys(cache_dir: str, folder: str, keys: KeyDeltas) -> None:
         for key, (hits, saved) in items:
             old_hits, old_saved = doc.get(key, (0, 0.0))
             doc[key] = (old_hits + hits, old_saved + saved)
-        _write_json(cache_dir, path, {k: list(v) for k, v in doc.items()})
+        _write_json(path, {k: list(v) for k, v in doc.items()})
 
 
 def zero_period(cache_dir: str) -> bool:
     """Start a new period; lifetime totals stay. ``False`` if the cache has no directory."""
-    if not os.path.isdir(os.path.join(cache_dir, "v1")):
+    if not os.path.isdir(cache_dir):
         return False
     with _locked(cache_dir, create=True) as folder:
         totals = read_totals(cache_dir)
         totals.pop("damaged", None)
         totals["period"] = new_section()
-        _write_json(cache_dir, os.path.join(folder, "totals.json"), totals)
+        _write_json(os.path.join(folder, "totals.json"), totals)
     return True
 
 
@@ -257,4 +254,4 @@ def forget_keys(cache_dir: str, keep: set[str] | None = None) -> None:
             doc = _read_shard(path)
             kept = {k: list(v) for k, v in doc.items() if k in keep}
             if len(kept) != len(doc):
-                _write_json(cache_dir, path, kept)
+                _write_json(path, kept)

@@ -213,6 +213,25 @@ class EntryInfo:
         )
 
 
+class Damage:
+    """An entry that fails verification: which, why, and the state of the file checked.
+
+    ``info`` describes the very entry that was checked, so that removing it
+    (:meth:`Store.remove_if_unchanged`) never takes one published since.
+    """
+
+    __slots__ = ("info", "key", "reason", "removed")
+
+    def __init__(self, info: EntryInfo, reason: str) -> None:
+        self.key = info.key
+        self.info = info
+        self.reason = reason
+        self.removed = False
+
+    def __repr__(self) -> str:
+        return f"Damage({self.key!r}, {self.reason!r}, removed={self.removed})"
+
+
 class Store(abc.ABC):
     """One storage tier: ``key -> Entry``.
 
@@ -266,6 +285,36 @@ class Store(abc.ABC):
             entry = self.get(key)
             if entry is not None:
                 yield EntryInfo(key, entry.nbytes, 0.0)
+
+    def info(self, key: str) -> EntryInfo | None:
+        """Size and times of one entry, or ``None``; tiers override this to avoid a scan."""
+        validate_key(key)
+        return next((info for info in self.scan() if info.key == key), None)
+
+    def check(self, info: EntryInfo) -> Damage | None:
+        """Why the entry ``info`` describes fails verification, or ``None`` if it is intact.
+
+        This default reads it through :meth:`get` (which verifies every
+        checksum, and removes a damaged entry unless the tier is read-only);
+        tiers that can say more override it.
+        """
+        before = self.counters.corrupt
+        if self.get(info.key) is None and self.counters.corrupt > before:
+            damage = Damage(info, "fails verification")
+            damage.removed = not self.read_only
+            return damage
+        return None
+
+    def remove_if_unchanged(self, info: EntryInfo) -> bool:
+        """Remove the entry ``info`` (from :meth:`scan` or :meth:`info`) describes.
+
+        Tiers that can tell (the disk tier) keep an entry re-published since
+        ``info`` was taken and return ``False``; others remove the key.
+        """
+        return self.delete(info.key)
+
+    def sweep(self) -> None:  # noqa: B027  (optional: most tiers leave nothing behind)
+        """Remove what crashed processes left behind (stale locks, staging); default: nothing."""
 
     def usage(self) -> tuple[int, int]:
         """``(entries, bytes)`` currently stored."""

@@ -30,7 +30,14 @@ import time
 from kernelcache._fs import unique, write_new
 from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, FlightLock, Store, check_caps, validate_key
+from kernelcache.stores.base import (
+    Damage,
+    EntryInfo,
+    FlightLock,
+    Store,
+    check_caps,
+    validate_key,
+)
 from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.space import (
     LOW_WATER,
@@ -40,7 +47,7 @@ from kernelcache.stores.disk.space import (
     entry_key,
     shard_of,
 )
-from kernelcache.stores.lockfile import FileFlightLock
+from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
 __all__ = [
     "LOW_WATER",
@@ -365,6 +372,28 @@ class DiskStore(Store):
             key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino, "path": path}
         )
 
+    def check(self, info: EntryInfo) -> Damage | None:
+        """Verify the entry file itself (without removing it); see :meth:`Store.check`."""
+        path = self._entry_path(info.key, shard_of(info.key))
+        try:
+            fd = os.open(path, _OPEN_READ | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None  # removed meanwhile: nothing to check
+        except OSError as exc:
+            return Damage(info, f"cannot be read: {exc}")
+        try:
+            st = os.fstat(fd)
+            # Removal takes only the very file that was checked, not one published since.
+            checked = EntryInfo(info.key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino})
+            self._read(fd, st.st_size, info.key)
+        except CorruptEntry as exc:
+            return Damage(checked, str(exc))
+        except OSError as exc:
+            return Damage(checked, f"cannot be read: {exc}")
+        finally:
+            os.close(fd)
+        return None
+
     def remove_if_unchanged(self, info: EntryInfo) -> bool:
         """Remove the entry ``info`` (from :meth:`scan` or :meth:`info`) describes.
 
@@ -399,6 +428,12 @@ class DiskStore(Store):
                 if self._guard(functools.partial(self._remove, path, info.key, shard, None, own)):
                     removed += 1
         return removed
+
+    def sweep(self) -> None:
+        """Remove stale lock files and staging left by crashed or killed processes."""
+        self._check_writable()
+        sweep_locks(self.locks_dir)
+        self._guard(self._sweep_staging)
 
     def close(self) -> None:
         self._space.close()

@@ -1,0 +1,139 @@
+"""``kernelcache ls``, ``show`` and ``config``: looking at the cache without changing it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import xxhash
+
+from kernelcache import maintenance
+from kernelcache.cache import Cache
+from kernelcache.cli.common import named, open_cache
+from kernelcache.cli.output import format_age, format_seconds, format_time, print_json, table
+from kernelcache.errors import ConfigError
+from kernelcache.settings import Settings
+from kernelcache.stats.totals import read_key_hits
+from kernelcache.units import format_size
+
+
+def _key_hits(cache: Cache) -> dict[str, tuple[int, float]]:
+    return read_key_hits(cache.stats_dir) if cache.stats_dir is not None else {}
+
+
+def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
+    with open_cache(settings, write=False) as cache:
+        hits = _key_hits(cache)
+        names = {id(tier): name for name, tier in named(cache.tiers)}
+        rows: list[dict[str, Any]] = []
+        for tier, info in maintenance.entries(cache.tiers):
+            count, saved = hits.get(info.key, (0, 0.0))
+            rows.append(
+                {
+                    "key": info.key,
+                    "tier": names[id(tier)],
+                    "size": info.size,
+                    "last_access": info.last_access,
+                    "created": info.created,
+                    "hits": count,
+                    "seconds_saved": saved,
+                }
+            )
+    order = {"size": "size", "hits": "hits", "age": "last_access"}[args.sort]
+    rows.sort(key=lambda r: (r[order], r["key"]), reverse=args.sort != "age")
+    if args.json:
+        print_json(rows)
+        return 0
+    now = time.time()
+    print(
+        table(
+            ("KEY", "SIZE", "LAST USED", "HITS", "SAVED", "TIER"),
+            [
+                (
+                    r["key"],
+                    format_size(r["size"]),
+                    format_age(now - r["last_access"]) + " ago",
+                    r["hits"],
+                    format_seconds(r["seconds_saved"]),
+                    r["tier"],
+                )
+                for r in rows
+            ],
+            right=(1, 2, 3, 4),
+        )
+    )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    with open_cache(settings, write=False) as cache:
+        try:
+            found = maintenance.find(cache.tiers, args.key)
+        except ValueError as exc:  # not a valid key
+            raise ConfigError(str(exc)) from None
+        entry = found[0].get(args.key) if found is not None else None
+        hits, saved = _key_hits(cache).get(args.key, (0, 0.0))
+        tier_name = dict((id(t), n) for n, t in named(cache.tiers)).get(id(found[0])) if found else None
+    if found is None or entry is None:
+        state = "is damaged (run `kernelcache verify --fix`)" if found else "is not in the cache"
+        print(f"kernelcache: entry {args.key} {state}", file=sys.stderr)
+        return 1
+    info = found[1]
+    artifacts = [
+        {"name": name, "size": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
+        for name, data in entry.items()
+    ]
+    report = {
+        "key": args.key,
+        "tier": tier_name,
+        "size": info.size,
+        "last_access": info.last_access,
+        "created": info.created,
+        "hits": hits,
+        "seconds_saved": saved,
+        "meta": entry.meta,
+        "artifacts": artifacts,
+    }
+    if args.json:
+        print_json(report)
+        return 0
+    fields = [
+        ("key", args.key),
+        ("tier", tier_name),
+        ("file size", info.size),
+        ("last used", format_time(info.last_access)),
+        ("created", format_time(info.created)),
+        ("hits", f"{hits} (saved {saved:.2f} s)"),
+    ]
+    print(table(("FIELD", "VALUE"), fields))
+    print("\nmeta")
+    print(table(("NAME", "VALUE"), sorted((k, repr(v)) for k, v in entry.meta.items())))
+    print("\nartifacts")
+    print(
+        table(
+            ("NAME", "SIZE", "XXH3-128"),
+            [(a["name"], a["size"], a["xxh3_128"]) for a in artifacts],
+            right=(1,),
+        )
+    )
+    return 0
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    if args.json:
+        print_json(
+            [
+                {
+                    "name": name,
+                    "value": None if name == "secret" else getattr(settings, name),
+                    "set": getattr(settings, name) is not None,
+                    "source": source,
+                }
+                for name, _shown, source in settings.describe()
+            ]
+        )
+    else:
+        print(table(("SETTING", "VALUE", "SOURCE"), settings.describe()))
+    return 0
