@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: installs what it needs, then lint, types and the test suite.
+# The test command: installs what it needs, then lint, types and the test suite under coverage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -10,4 +10,9 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
+# Coverage follows every Python process the tests start (pyproject: [tool.coverage]);
+# the report fails below its floor (fail_under).
+rm -f .coverage .coverage.*
+.venv/bin/python -m coverage run -m pytest "$@"
+.venv/bin/python -m coverage combine -q
+.venv/bin/python -m coverage report
