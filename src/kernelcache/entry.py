@@ -148,19 +148,24 @@ class Entry(Mapping[str, bytes]):
         meta_raw: bytes,
         key: str | None,
         files: Files | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        digest: str | None = None,
     ) -> Entry:
         """An entry from parts a reader has already checked (names, checksums, JSON).
 
         The read hot path of every byte-oriented tier: nothing is copied or
         validated again. ``artifacts`` must not be modified afterwards.
+        ``meta`` and ``digest``, when known, are ``meta_raw`` parsed and
+        :meth:`digest`'s value.
         """
         self = cls.__new__(cls)
         self._artifacts = artifacts
         self._meta_raw = meta_raw
-        self._meta = None
+        self._meta = meta
         self._key = key
         self._files = files
-        self._digest = None
+        self._digest = digest
         self._paths = {}
         self._lock = threading.Lock()
         return self
@@ -174,10 +179,9 @@ class Entry(Mapping[str, bytes]):
         inside the tier (capped, shared, verified); without one, ``path()``
         writes private copies in this process's temporary directory.
         """
-        bound = Entry.from_verified(self._artifacts, self._meta_raw, key, files)
-        bound._meta = self._meta
-        bound._digest = self._digest
-        return bound
+        return Entry.from_verified(
+            self._artifacts, self._meta_raw, key, files, meta=self._meta, digest=self._digest
+        )
 
     @property
     def key(self) -> str | None:

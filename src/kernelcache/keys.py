@@ -19,10 +19,8 @@ from collections.abc import Mapping
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from hashlib import _Hash, sha256
     from typing import Any
-
-if TYPE_CHECKING:
-    from hashlib import sha256
 else:
     # CPython's built-in SHA-256 (_sha2 from 3.12): the same digests as
     # hashlib's, without importing hashlib, whose OpenSSL set-up costs every
@@ -96,10 +94,13 @@ class KeyBuilder:
 
     __slots__ = ("_hash", "namespace")
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, *, _state: _Hash | None = None) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise TypeError("KeyBuilder needs a non-empty str namespace")
         self.namespace = namespace
+        if _state is not None:  # copy(): the fields so far, already hashed
+            self._hash = _state
+            return
         self._hash = sha256()
         self._hash.update(encode(("kernelcache-key", SCHEMA_VERSION, namespace)))
 
@@ -112,10 +113,7 @@ class KeyBuilder:
 
     def copy(self) -> KeyBuilder:
         """An independent builder holding the fields added so far."""
-        other = KeyBuilder.__new__(KeyBuilder)
-        other.namespace = self.namespace
-        other._hash = self._hash.copy()
-        return other
+        return KeyBuilder(self.namespace, _state=self._hash.copy())
 
     def digest(self) -> bytes:
         """The 32-byte key; the builder can still be extended afterwards."""

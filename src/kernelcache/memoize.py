@@ -299,9 +299,10 @@ class Memo:
 
     def call(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)``, from the cache when an equal call was made before."""
-        return self._call(_registry.get(fn), fn, args, kwargs)
+        return self.call_as(_registry.get(fn), fn, args, kwargs)
 
-    def _call(self, digest: str, fn: Callable[..., R], args: Any, kwargs: Any) -> R:
+    def call_as(self, digest: str, fn: Callable[..., R], args: Any, kwargs: Any) -> R:
+        """``fn(*args, **kwargs)`` memoised under ``digest``, the caller's fingerprint of ``fn``."""
         key = (digest, _arg_key(args), _arg_key(kwargs) if kwargs else None)
         me = threading.get_ident()
         while True:
@@ -363,7 +364,7 @@ def memoize(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return memo._call(state.get(), func, args, kwargs)
+            return memo.call_as(state.get(), func, args, kwargs)
 
         wrapper.cache_info = memo.cache_info  # type: ignore[attr-defined]
         wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]

@@ -79,10 +79,10 @@ class Recorder:
         self.sampling = bool(self.tiers) and self.tiers[0].in_process
         self.sample: collections.deque[str] = collections.deque(maxlen=HIT_SAMPLE)
         self.flush_errors = 0
-        self._setup()
+        self.restart()
         _recorders.add(self)
 
-    def _setup(self) -> None:
+    def restart(self) -> None:
         """(Re)start counting from the tiers' current counters (also after fork)."""
         self._lock = threading.Lock()
         self._flushed = [self._counters(tier) for tier in self.tiers]
@@ -214,7 +214,7 @@ _recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     # The child inherits the parent's unflushed counts; the parent flushes them.
     for recorder in list(_recorders):
-        recorder._setup()
+        recorder.restart()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
