@@ -9,6 +9,12 @@ fi
 stamp=.venv/.kernelcache-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__init__.py -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[all]"
+    # The DSL extras (tilelang, ninetoothed) depend on torch. The CPU build
+    # (a wheel this machine keeps locally) goes in FIRST: left to their
+    # requirements, pip would pull the CUDA build and several GB of nvidia-* wheels.
+    if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+        .venv/bin/python -m pip install -q "torch==2.13.0"
+    fi
+    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed]"
     touch "$stamp"
 fi

@@ -1,0 +1,116 @@
+"""Keys of TileLang kernels: what TileLang keys on, plus what it leaves out.
+
+TileLang's own key (``KernelCache._generate_key``, 0.1.15) hashes the TIR
+script, ``out_idx``, the call's arguments, target, pass configs, compile
+flags, its version and, only when ``TILELANG_KERNEL_CACHE_USE_LIB_STAMP`` is
+set, a stamp of its native libraries. It does not name the compilers: a new
+nvcc or host compiler, or an edited header under the template path, hits
+binaries built by the old ones. Its binary cache keys the nvcc command line,
+absolute ``-I`` paths included, so the same kernel misses in another
+virtualenv. Here the upstream key is one field (it covers the call's
+arguments, which the cache hook never sees), and next to it: the backend and
+target kind, TileLang's version, the content of its native libraries and of
+the header trees nvcc is pointed at, nvcc's and the host compiler's identity,
+and NVRTC's for the nvrtc backend. No field holds an absolute path.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import platform
+from typing import Any
+
+from kernelcache import fingerprint, toolchain
+from kernelcache.keys import KeyBuilder
+
+NAMESPACE = "kernelcache.tilelang"
+SCHEMA = 1
+
+# The native libraries whose content decides code generation (TileLang's own stamp list).
+_LIBRARIES = ("libtilelang.so", "libtvm_runtime.so", "libtvm_compiler.so", "libtvm_ffi.so")
+
+
+def _env_module() -> Any:
+    # ``import tilelang.env`` gives the Environment object that tilelang/__init__
+    # exports under the same name, not the module that holds TL_LIBS.
+    return importlib.import_module("tilelang.env")
+
+
+def library_stamp() -> dict[str, str]:
+    """Content digests of TileLang's native libraries, by file name (memoised by stat)."""
+    tl_env = _env_module()
+    stamp: dict[str, str] = {}
+    for folder in tl_env.TL_LIBS:
+        for name in _LIBRARIES:
+            path = os.path.join(folder, name)
+            if name not in stamp and os.path.isfile(path):
+                stamp[name] = toolchain.file_digest(path)
+    return stamp
+
+
+@functools.cache
+def _tree(folder: str) -> str:
+    """Fingerprint of every file under ``folder`` by relative name and content.
+
+    Memoised per process: the trees are TileLang's installed headers (~33 MB,
+    ~30 ms to hash), which a running process does not expect to change.
+    """
+    paths = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        paths.extend(os.path.join(root, name) for name in sorted(files))
+    return fingerprint.files(paths, root=folder)
+
+
+def headers() -> dict[str, str | None]:
+    """Fingerprints of the header trees nvcc gets as ``-I`` (templates, CUTLASS)."""
+    tl_env = _env_module()
+
+    trees = {
+        "templates": tl_env.env.TILELANG_TEMPLATE_PATH,
+        "cutlass": tl_env.env.CUTLASS_INCLUDE_DIR,
+    }
+    return {
+        label: _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
+        for label, folder in trees.items()
+    }
+
+
+def compilers(backend: str) -> dict[str, str | None]:
+    """Identity of nvcc and of the host compiler it runs, plus NVRTC for the nvrtc backend."""
+    from tilelang.contrib.cc import get_cplus_compiler
+    from tilelang.contrib.nvcc import get_nvcc_compiler
+
+    try:
+        nvcc = toolchain.nvcc(get_nvcc_compiler())
+    except (AssertionError, RuntimeError, OSError) as exc:  # no CUDA_HOME found
+        nvcc = toolchain.failed(exc)
+    host = get_cplus_compiler()
+    if host and os.sep not in host:
+        host = toolchain.which(host)
+    return {
+        "nvcc": nvcc,
+        "host": toolchain.executable(host) if host else "probe_failed:FileNotFoundError",
+        "nvrtc": toolchain.nvrtc() if backend == "nvrtc" else None,
+    }
+
+
+def kernel_key(upstream_key: str, backend: str, target: Any) -> str:
+    """The kernelcache key of one TileLang kernel."""
+    import tilelang
+
+    return (
+        KeyBuilder(NAMESPACE)
+        .add("schema", SCHEMA)
+        .add("upstream", upstream_key)
+        .add("backend", backend)
+        .add("target", str(target))
+        .add("tilelang", tilelang.__version__)
+        .add("libraries", library_stamp())
+        .add("headers", headers())
+        .add("compilers", compilers(backend))
+        .add("machine", platform.machine())
+        .hexdigest()
+    )
