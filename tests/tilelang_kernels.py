@@ -1,14 +1,20 @@
 """TileLang kernels compiled by the TileLang tests and benchmarks, in a process of their own.
 
-Run as ``python tilelang_kernels.py KERNEL BACKEND [--kernelcache|--upstream]`` it
-compiles one kernel and prints one JSON line: the integration's counters, the
-kernel object's class and its adapter's, and the seconds the compile took.
+Run as ``python tilelang_kernels.py KERNEL BACKEND [options]`` it compiles one
+kernel and prints one JSON line: the integration's counters, the kernel
+object's class and its adapter's, and the seconds the compile took. Options:
+``--upstream`` (TileLang's own cache, kernelcache not installed),
+``--wait-for PATH`` (after imports, create ``PATH.ready.<pid>`` and wait for
+PATH: lets a test start several compiles at the same moment), and
+``--evict-after-get`` (remove the entry and its files from the cache between
+kernelcache's lookup and the load: another process's eviction, injected).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 """
 
-from __future__ import annotations
+# No "from __future__ import annotations": TileLang evaluates the annotations of prim_funcs.
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -61,6 +67,31 @@ def compile_kernel(name: str, backend: str) -> Any:
     return tilelang.compile(make(), out_idx=[2], target=target, execution_backend=backend)
 
 
+def _evict_after_get() -> None:
+    import kernelcache.tilelang
+    import kernelcache.tilelang.kernels as kernels
+
+    real_load = kernels.load
+
+    def load(entry: Any, call: dict[str, Any]) -> Any:
+        cache = kernelcache.tilelang.get_cache()
+        for key in list(cache.tiers[-1].keys()):
+            cache.delete(key)
+        return real_load(entry, call)
+
+    kernels.load = load
+
+
+def _wait_for(path: str) -> None:
+    with open(f"{path}.ready.{os.getpid()}", "w"):
+        pass
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
 def main(argv: list[str]) -> None:
     name, backend = argv[0], argv[1]
     use_kernelcache = "--upstream" not in argv
@@ -68,6 +99,10 @@ def main(argv: list[str]) -> None:
         import kernelcache.tilelang
 
         kernelcache.tilelang.install()
+        if "--evict-after-get" in argv:
+            _evict_after_get()
+    if "--wait-for" in argv:
+        _wait_for(argv[argv.index("--wait-for") + 1])
     start = time.perf_counter()
     kernel = compile_kernel(name, backend)
     seconds = time.perf_counter() - start

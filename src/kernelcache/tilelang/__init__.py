@@ -42,7 +42,15 @@ from kernelcache.patching import Patches
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import BackendHooks, Counters
 
-__all__ = ["SUPPORTED_VERSIONS", "enabled", "install", "installed", "stats", "uninstall"]
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "enabled",
+    "get_cache",
+    "install",
+    "installed",
+    "stats",
+    "uninstall",
+]
 
 #: TileLang versions whose cache internals the hooks were written against.
 SUPPORTED_VERSIONS = ("0.1.15",)
@@ -158,6 +166,11 @@ def enabled(cache: Cache | None = None, *, device: Any = None) -> Iterator[bool]
     finally:
         if not was:
             uninstall()
+
+
+def get_cache() -> Cache:
+    """The cache TileLang's kernels go to (``kernelcache.Cache()`` unless :func:`install` got one)."""
+    return _state.get_cache()
 
 
 def stats() -> dict[str, int]:

@@ -64,18 +64,23 @@ def _tree(folder: str) -> str:
     return fingerprint.files(paths, root=folder)
 
 
+#: The header trees nvcc gets as ``-I``, by label: attributes of ``tilelang.env.env``.
+HEADER_TREES = {"templates": "TILELANG_TEMPLATE_PATH", "cutlass": "CUTLASS_INCLUDE_DIR"}
+
+
+def headers_folder(label: str) -> str | None:
+    """The folder of header tree ``label`` (``TL_TEMPLATE_PATH`` / ``TL_CUTLASS_PATH`` win)."""
+    folder = getattr(_env_module().env, HEADER_TREES[label])
+    return str(folder) if folder else None
+
+
 def headers() -> dict[str, str | None]:
     """Fingerprints of the header trees nvcc gets as ``-I`` (templates, CUTLASS)."""
-    tl_env = _env_module()
-
-    trees = {
-        "templates": tl_env.env.TILELANG_TEMPLATE_PATH,
-        "cutlass": tl_env.env.CUTLASS_INCLUDE_DIR,
-    }
-    return {
-        label: _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
-        for label, folder in trees.items()
-    }
+    out: dict[str, str | None] = {}
+    for label in HEADER_TREES:
+        folder = headers_folder(label)
+        out[label] = _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
+    return out
 
 
 def compilers(backend: str) -> dict[str, str | None]:
