@@ -61,7 +61,10 @@ class Toolkit:
         """Every nvcc command line run so far (``--version`` probes included)."""
         if not self.log.exists():
             return []
-        return [line.split(" ", 1)[1] if " " in line else "" for line in self.log.read_text().splitlines()]
+        return [
+            line.split(" ", 1)[1] if " " in line else ""
+            for line in self.log.read_text().splitlines()
+        ]
 
     def compiles(self) -> list[str]:
         """The nvcc runs that compiled something (not ``--version`` probes)."""
@@ -75,7 +78,9 @@ def make_toolkit(folder: Path, libcuda_stub: Path | None = None) -> Toolkit:
     """Build the stand-in toolkit under ``folder`` (see the module docstring)."""
     real = real_toolkit()
     if real is None:
-        raise FileNotFoundError("no CUDA toolkit with a real bin/nvcc found (CUDA_HOME, /usr/local/cuda, PATH)")
+        raise FileNotFoundError(
+            "no CUDA toolkit with a real bin/nvcc found (CUDA_HOME, /usr/local/cuda, PATH)"
+        )
     root = folder / "cuda"
     (root / "bin").mkdir(parents=True)
     for item in real.iterdir():

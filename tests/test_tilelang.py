@@ -20,7 +20,6 @@ import pytest
 
 tilelang = pytest.importorskip("tilelang")
 
-import kernelcache.tilelang as kct  # noqa: E402
 from cuda_standin import Toolkit, make_toolkit  # noqa: E402
 from kernelcache.tilelang import keys  # noqa: E402
 
@@ -113,13 +112,17 @@ def test_upstream_returns_the_same_kind_of_kernel(dsl_env: dict[str, str]) -> No
     )
 
 
-def _start_together(env: dict[str, str], tmp_path: Path, count: int, *args: str) -> list[dict[str, Any]]:
+def _start_together(
+    env: dict[str, str], tmp_path: Path, count: int, *args: str
+) -> list[dict[str, Any]]:
     go = tmp_path / "go"
     procs = [start(env, *args, "--wait-for", str(go)) for _ in range(count)]
     deadline = time.monotonic() + 300
     while len(list(tmp_path.glob("go.ready.*"))) < count:
         assert time.monotonic() < deadline, "workers never got ready"
-        assert all(p.poll() is None for p in procs), [finish(p) for p in procs if p.poll() is not None]
+        assert all(p.poll() is None for p in procs), [
+            finish(p) for p in procs if p.poll() is not None
+        ]
         time.sleep(0.05)
     go.touch()
     return [finish(p) for p in procs]

@@ -28,9 +28,7 @@ GEMM_TARGET = {"kind": "cuda", "arch": "sm_90a"}
 
 def add(n: int = 1024, block: int = 128, dtype: str = "float32") -> Any:
     @T.prim_func
-    def main(
-        A: T.Tensor((n,), dtype), B: T.Tensor((n,), dtype), C: T.Tensor((n,), dtype)
-    ) -> None:
+    def main(A: T.Tensor((n,), dtype), B: T.Tensor((n,), dtype), C: T.Tensor((n,), dtype)) -> None:
         with T.Kernel(T.ceildiv(n, block), threads=block) as bx:
             for i in T.Parallel(block):
                 C[bx * block + i] = A[bx * block + i] + B[bx * block + i]

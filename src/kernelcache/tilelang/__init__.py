@@ -46,6 +46,7 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "enabled",
     "get_cache",
+    "get_records",
     "install",
     "installed",
     "stats",
@@ -171,6 +172,11 @@ def enabled(cache: Cache | None = None, *, device: Any = None) -> Iterator[bool]
 def get_cache() -> Cache:
     """The cache TileLang's kernels go to (``kernelcache.Cache()`` unless :func:`install` got one)."""
     return _state.get_cache()
+
+
+def get_records() -> AutotuneCache:
+    """The autotune records TileLang's tuner reads and writes (over :func:`get_cache`)."""
+    return _state.get_records()
 
 
 def stats() -> dict[str, int]:

@@ -83,7 +83,9 @@ class TunerHooks:
         config = record["best_config"]
         timings = record["timings"]
         # The compile kwargs TileLang builds from a config (AutoTuner.run, 0.1.15).
-        kwargs = {name: config[name] for name in inspect.signature(tuner.fn).parameters if name in config}
+        kwargs = {
+            name: config[name] for name in inspect.signature(tuner.fn).parameters if name in config
+        }
         kwargs[PASS_CONFIGS_KWARG] = config.get("pass_configs")
         compile_config = tuner.jit_compile or getattr(tuner, DEFAULT_COMPILE)
         kernel = compile_config(**kwargs).update_tuner_result(

@@ -238,4 +238,6 @@ class BackendHooks:
         if not handles(backend, kernel.target):
             self.original_save(key, kernel, func, verbose)
             return
-        self.cache().put(kernel_key(key, backend, kernel.target), pack(self.upstream, kernel, verbose))
+        self.cache().put(
+            kernel_key(key, backend, kernel.target), pack(self.upstream, kernel, verbose)
+        )

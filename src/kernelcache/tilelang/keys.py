@@ -57,7 +57,7 @@ def _tree(folder: str) -> str:
     Memoised per process: the trees are TileLang's installed headers (~33 MB,
     ~30 ms to hash), which a running process does not expect to change.
     """
-    paths = []
+    paths: list[str] = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         paths.extend(os.path.join(root, name) for name in sorted(files))
