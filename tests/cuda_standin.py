@@ -8,14 +8,18 @@ symlink to the real toolkit. The log path comes from the environment, not the
 script text, so the wrapper's content (part of nvcc's identity in keys) is
 the same in every test. Compiles stay real.
 
-``-lcuda`` links need a libcuda; without a driver, TileLang's own stub library
-(``tilelang/lib/libstub_cuda.so``) stands in, as ``libcuda.so`` on LIBRARY_PATH.
+``-lcuda`` links need a libcuda, and loading what they built needs its symbols
+(ctypes loads with RTLD_NOW). Without a driver, a stub built here with the host
+compiler stands in: every driver entry point TileLang's and ninetoothed's
+generated libraries call, each returning CUDA_ERROR_NO_DEVICE, as ``libcuda.so``
+on LIBRARY_PATH and LD_LIBRARY_PATH. Nothing is launched through it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,57 @@ WRAPPER = """#!/bin/sh
 echo "$$ $*" >> "${{NVCC_COUNT_LOG:-/dev/null}}"
 exec {real} "$@"
 """
+
+
+# Driver entry points referenced by TileLang's (cython, tvm_ffi) and ninetoothed's
+# (AOT) generated libraries with CUDA 13.0 (nm -D --undefined-only).
+DRIVER_SYMBOLS = [
+    "cuCtxGetCurrent",
+    "cuCtxGetDevice",
+    "cuCtxGetId",
+    "cuCtxGetLimit",
+    "cuCtxResetPersistingL2Cache",
+    "cuCtxSetCurrent",
+    "cuCtxSetLimit",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetName",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuFuncSetCacheConfig",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuInit",
+    "cuLaunchCooperativeKernel",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cuMemsetD32_v2",
+    "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
+    "cuModuleLoadData",
+    "cuModuleLoadDataEx",
+    "cuModuleUnload",
+    "cuOccupancyMaxActiveClusters",
+    "cuPointerGetAttribute",
+    "cuStreamGetCtx",
+    "cuStreamSetAttribute",
+    "cuTensorMapEncodeIm2col",
+    "cuTensorMapEncodeTiled",
+]
+
+
+def build_libcuda_stub(folder: Path) -> Path:
+    """``folder/libcuda.so``: every symbol of DRIVER_SYMBOLS, returning CUDA_ERROR_NO_DEVICE."""
+    folder.mkdir(parents=True, exist_ok=True)
+    source = folder / "libcuda_stub.c"
+    source.write_text("".join(f"int {name}(void) {{ return 100; }}\n" for name in DRIVER_SYMBOLS))
+    library = folder / "libcuda.so"
+    compiler = shutil.which("gcc") or shutil.which("cc") or "cc"
+    subprocess.run(
+        [compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so", "-o", str(library), str(source)],
+        check=True,
+    )
+    return library
 
 
 def real_toolkit() -> Path | None:
@@ -54,7 +109,8 @@ class Toolkit:
         env["CUDA_HOME"] = str(self.root)
         env["NVCC_COUNT_LOG"] = str(self.log)
         if self.stub_dir is not None:
-            env["LIBRARY_PATH"] = str(self.stub_dir)
+            for name in ("LIBRARY_PATH", "LD_LIBRARY_PATH"):
+                env[name] = os.pathsep.join(filter(None, [str(self.stub_dir), env.get(name)]))
         return env
 
     def runs(self) -> list[str]:
@@ -74,7 +130,7 @@ class Toolkit:
         self.log.unlink(missing_ok=True)
 
 
-def make_toolkit(folder: Path, libcuda_stub: Path | None = None) -> Toolkit:
+def make_toolkit(folder: Path, libcuda_stub: bool = True) -> Toolkit:
     """Build the stand-in toolkit under ``folder`` (see the module docstring)."""
     real = real_toolkit()
     if real is None:
@@ -92,11 +148,7 @@ def make_toolkit(folder: Path, libcuda_stub: Path | None = None) -> Toolkit:
     wrapper = root / "bin" / "nvcc"
     wrapper.write_text(WRAPPER.format(real=real / "bin" / "nvcc"))
     wrapper.chmod(0o755)
-    stub_dir = None
-    if libcuda_stub is not None and libcuda_stub.is_file():
-        stub_dir = folder / "stubs"
-        stub_dir.mkdir()
-        (stub_dir / "libcuda.so").symlink_to(libcuda_stub)
+    stub_dir = build_libcuda_stub(folder / "stubs").parent if libcuda_stub else None
     # kernelcache memoises compiler identities only for files older than 2 s (a
     # younger one may still change unseen): wait, so every test process after the
     # first finds nvcc's identity memoised and runs no `nvcc --version`.

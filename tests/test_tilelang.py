@@ -37,8 +37,7 @@ ADAPTERS = {
 def toolkit(tmp_path_factory: pytest.TempPathFactory) -> Toolkit:
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         pytest.skip("needs nvcc (the compiles are real)")
-    stub = Path(tilelang.__file__).parent / "lib" / "libstub_cuda.so"
-    return make_toolkit(tmp_path_factory.mktemp("standin"), libcuda_stub=stub)
+    return make_toolkit(tmp_path_factory.mktemp("standin"))
 
 
 @pytest.fixture
