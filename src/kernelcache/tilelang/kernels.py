@@ -111,10 +111,25 @@ def folder_of(entry: Entry) -> str:
     folders = {os.path.dirname(path) for path in paths.values()}
     if len(folders) == 1:
         return folders.pop()
-    folder = tempfile.mkdtemp(prefix="kernelcache-tilelang-")
+    folder = tempfile.mkdtemp(prefix="entry-", dir=_private_root())
     for name, path in paths.items():
         shutil.copyfile(path, os.path.join(folder, name))
     return folder
+
+
+_root: list[str] = []
+_root_lock = threading.Lock()
+
+
+def _private_root() -> str:
+    """This process's folder for copied entries (mode 0700), removed at exit."""
+    import atexit
+
+    with _root_lock:
+        if not _root:
+            _root.append(tempfile.mkdtemp(prefix="kernelcache-tilelang-"))
+            atexit.register(shutil.rmtree, _root[0], True)
+        return _root[0]
 
 
 def load(entry: Entry, call: dict[str, Any]) -> Any:
