@@ -16,10 +16,14 @@ and NVRTC's for the nvrtc backend. No field holds an absolute path.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
+import json
 import os
 import platform
+import time
 from typing import Any
 
 from kernelcache import fingerprint, toolchain
@@ -50,22 +54,70 @@ def library_stamp() -> dict[str, str]:
     return stamp
 
 
-@functools.cache
-def _tree(folder: str) -> str:
-    """Fingerprint of every file under ``folder`` by relative name and content.
+#: Memo of header-tree fingerprints under the cache directory, keyed by folder.
+TREE_MEMO = "tilelang-header-trees.json"
 
-    Memoised per process: the trees are TileLang's installed headers (~33 MB,
-    ~30 ms to hash), which a running process does not expect to change.
+
+def _listing(folder: str) -> tuple[list[str], str, bool]:
+    """Files under ``folder``, a digest of their stat signatures, and whether all are old enough.
+
+    Stat-only: ~1,200 ``stat`` calls cost a few ms, hashing the 33 MB ~80 ms.
     """
     paths: list[str] = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()
         paths.extend(os.path.join(root, name) for name in sorted(files))
-    return fingerprint.files(paths, root=folder)
+    rows = []
+    newest = 0
+    for path in paths:
+        st = os.stat(path)
+        rows.append([path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+    # A memo lookup, not a cache key: a plain digest of the listing will do.
+    signature = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    trusted = time.time() - newest / 1e9 > toolchain.TOO_NEW_SECONDS
+    return paths, signature, trusted
+
+
+def tree_fingerprint(folder: str) -> str:
+    """Fingerprint of every file under ``folder`` by relative name and content.
+
+    Memoised per process, and across processes by the files' stat signatures
+    (a file changed within the timestamp granularity is never trusted, as
+    ccache does), so a hit does not re-read TileLang's ~33 MB of headers.
+    """
+    paths, signature, trusted = _listing(folder)
+    memo_path = os.path.join(os.path.dirname(toolchain.memo_path()), TREE_MEMO)
+    try:
+        with open(memo_path, "rb") as f:
+            memo = json.loads(f.read())
+    except (OSError, ValueError):
+        memo = {}  # missing or damaged: it is only a memo
+    if not isinstance(memo, dict):
+        memo = {}
+    known = memo.get(folder)
+    if isinstance(known, dict) and known.get("sig") == signature:
+        return str(known["digest"])
+    digest = fingerprint.files(paths, root=folder)
+    if trusted:
+        memo[folder] = {"sig": signature, "digest": digest}
+        tmp = f"{memo_path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(memo_path), mode=0o700, exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump(memo, f)
+            os.replace(tmp, memo_path)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return digest
 
 
 #: The header trees nvcc gets as ``-I``, by label: attributes of ``tilelang.env.env``.
 HEADER_TREES = {"templates": "TILELANG_TEMPLATE_PATH", "cutlass": "CUTLASS_INCLUDE_DIR"}
+
+
+_tree = functools.cache(tree_fingerprint)
 
 
 def headers_folder(label: str) -> str | None:
