@@ -33,12 +33,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kernelcache._extras import missing
+
 try:
     import ninetoothed as _ninetoothed
-except ImportError as exc:  # pragma: no cover - exercised in a venv without ninetoothed
-    raise ImportError(
-        "kernelcache.ninetoothed needs ninetoothed: pip install 'kernelcache[ninetoothed]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="ninetoothed", extra="ninetoothed", feature="kernelcache.ninetoothed") from exc
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kernelcache import fingerprint, toolchain
+from kernelcache import _fs, fingerprint, toolchain
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.keys import KeyBuilder
@@ -60,13 +60,8 @@ def restore(entry: Entry, output_dir: pathlib.Path) -> None:
     """Write every file of ``entry`` into ``output_dir``, each atomically."""
     output_dir.mkdir(parents=True, exist_ok=True)
     for name in entry:
-        path = output_dir / name
-        tmp = output_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        try:
-            tmp.write_bytes(entry[name])
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        mode = 0o755 if name.endswith(".so") else 0o644  # what nvcc and ninetoothed leave
+        _fs.write_atomic(str(output_dir / name), entry[name], mode=mode)
 
 
 def _module(name: str) -> Any:

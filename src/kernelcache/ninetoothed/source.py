@@ -13,10 +13,10 @@ renamed into place, so a reader finds either no file or the whole one.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 
+from kernelcache import _fs
 from kernelcache.keys import KeyBuilder
 
 NAMESPACE = "kernelcache.ninetoothed.source"
@@ -48,11 +48,6 @@ def write_once(folder: pathlib.Path, source: str, kernel_name: str | None = None
     except FileNotFoundError:
         pass
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)  # atomic: another writer's rename holds the same bytes
-    finally:
-        tmp.unlink(missing_ok=True)
+    # Atomic: a concurrent writer's rename holds the same bytes.
+    _fs.write_atomic(str(path), data, mode=0o644)
     return path

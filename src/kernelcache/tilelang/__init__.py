@@ -29,12 +29,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from kernelcache._extras import missing
+
 try:
     import tilelang as _tilelang
-except ImportError as exc:  # pragma: no cover - exercised in a venv without TileLang
-    raise ImportError(
-        "kernelcache.tilelang needs TileLang: pip install 'kernelcache[tilelang]'"
-    ) from exc
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="tilelang", extra="tilelang", feature="kernelcache.tilelang") from exc
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache

@@ -16,7 +16,6 @@ and NVRTC's for the nvrtc backend. No field holds an absolute path.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib
@@ -26,7 +25,7 @@ import platform
 import time
 from typing import Any
 
-from kernelcache import fingerprint, toolchain
+from kernelcache import _fs, fingerprint, toolchain
 from kernelcache.keys import KeyBuilder
 
 NAMESPACE = "kernelcache.tilelang"
@@ -68,14 +67,13 @@ def _listing(folder: str) -> tuple[list[str], str, bool]:
         dirs.sort()
         paths.extend(os.path.join(root, name) for name in sorted(files))
     rows = []
-    newest = 0
+    now, trusted = time.time_ns(), True
     for path in paths:
         st = os.stat(path)
-        rows.append([path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
-        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+        rows.append([path, *_fs.signature(st)])
+        trusted = trusted and not _fs.too_new(st, now)
     # A memo lookup, not a cache key: a plain digest of the listing will do.
     signature = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-    trusted = time.time() - newest / 1e9 > toolchain.TOO_NEW_SECONDS
     return paths, signature, trusted
 
 
@@ -101,15 +99,11 @@ def tree_fingerprint(folder: str) -> str:
     digest = fingerprint.files(paths, root=folder)
     if trusted:
         memo[folder] = {"sig": signature, "digest": digest}
-        tmp = f"{memo_path}.{os.getpid()}.tmp"
         try:
             os.makedirs(os.path.dirname(memo_path), mode=0o700, exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump(memo, f)
-            os.replace(tmp, memo_path)
+            _fs.write_atomic(memo_path, json.dumps(memo).encode())
         except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            pass  # only a memo: the next process hashes again
     return digest
 
 
