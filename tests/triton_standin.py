@@ -86,7 +86,8 @@ def cpu_torch_stream() -> None:
     library, before any launch; on a machine without a GPU it is all that
     stands between a compiled library and a loaded one.
     """
-    import torch
+    import importlib
 
-    if not hasattr(torch._C, _RAW_STREAM):
-        setattr(torch._C, _RAW_STREAM, lambda device: 0)
+    bindings = importlib.import_module("torch._C")  # torch's C bindings module
+    if not hasattr(bindings, _RAW_STREAM):  # a CPU build: no CUDA binding
+        setattr(bindings, _RAW_STREAM, lambda device: 0)
