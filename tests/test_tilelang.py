@@ -154,6 +154,28 @@ def test_eviction_is_a_miss_not_a_crash(toolkit: Toolkit, dsl_env: dict[str, str
     assert len(toolkit.compiles()) == 2
 
 
+def test_an_entry_whose_library_will_not_load_is_replaced(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    from kernelcache.cache import Cache
+    from kernelcache.entry import Entry
+    from kernelcache.stores.disk import DiskStore
+
+    run(dsl_env, "add", "tvm_ffi")
+    # Verified bytes that are not a loadable library (a foreign or mis-built entry).
+    with Cache([DiskStore(dsl_env["KERNELCACHE_DIR"])], persist_stats=False) as cache:
+        (key,) = list(cache.tiers[0].keys())
+        entry = cache.get(key)
+        assert entry is not None
+        library = entry.meta["library"]
+        cache.put(key, Entry({**entry, library: b"not a shared library"}, meta=entry.meta))
+    damaged = run(dsl_env, "add", "tvm_ffi")
+    assert damaged["stats"]["unusable_entries"] == 1 and damaged["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 2
+    healed = run(dsl_env, "add", "tvm_ffi")
+    assert healed["stats"]["hits"] == 1 and len(toolkit.compiles()) == 2
+
+
 def test_template_headers_key_by_content_not_path(
     toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -27,32 +27,23 @@ class Patches:
     """
 
     def __init__(self) -> None:
-        # (object, name, what the object itself held or _ABSENT, the value getattr gave)
-        self._saved: list[tuple[Any, str, Any, Any]] = []
+        # (object, name, what the object itself held or _ABSENT)
+        self._saved: list[tuple[Any, str, Any]] = []
         self._lock = threading.Lock()
 
     def set(self, obj: Any, name: str, value: Any) -> None:
         """``setattr(obj, name, value)``, remembering what ``obj`` itself held before."""
         own = vars(obj).get(name, _ABSENT) if hasattr(obj, "__dict__") else _ABSENT
-        before = getattr(obj, name)  # bound as callers saw it (method, classmethod, function)
         with self._lock:
-            if not any(o is obj and n == name for o, n, _, _ in self._saved):
-                self._saved.append((obj, name, own, before))
+            if not any(o is obj and n == name for o, n, _ in self._saved):
+                self._saved.append((obj, name, own))
         setattr(obj, name, value)
-
-    def original(self, obj: Any, name: str) -> Any:
-        """What ``getattr(obj, name)`` gave before the first patch (the live value if unpatched)."""
-        with self._lock:
-            for o, n, _, before in self._saved:
-                if o is obj and n == name:
-                    return before
-        return getattr(obj, name)
 
     def restore(self) -> None:
         """Undo every patch, newest first."""
         with self._lock:
             saved, self._saved = self._saved, []
-        for obj, name, own, _ in reversed(saved):
+        for obj, name, own in reversed(saved):
             if own is _ABSENT:
                 delattr(obj, name)
             else:
