@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# Create .venv and install kernelcache with every extra; re-runs only when pyproject.toml or the
-# version (src/kernelcache/__init__.py) changes.
+# Create .venv and install kernelcache with every extra; re-runs when pyproject.toml or the
+# version (src/kernelcache/__init__.py) changes, or a DSL package (torch, tilelang,
+# ninetoothed) is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
 stamp=.venv/.kernelcache-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__init__.py -nt "$stamp" ]; then
+missing() {
+    # find_spec, not import: importing tilelang alone takes seconds.
+    ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@"
+}
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__init__.py -nt "$stamp" ] \
+    || missing torch tilelang ninetoothed; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[all]"
+    # The DSL extras (tilelang, ninetoothed) depend on torch. The CPU build
+    # (a wheel this machine keeps locally) goes in FIRST: left to their
+    # requirements, pip would pull the CUDA build and several GB of nvidia-* wheels.
+    if missing torch; then
+        .venv/bin/python -m pip install -q "torch==2.13.0"
+    fi
+    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed]"
     touch "$stamp"
 fi

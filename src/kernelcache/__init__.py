@@ -25,8 +25,10 @@ if TYPE_CHECKING:
         cuda_core,
         fingerprint,
         memoize,
+        ninetoothed,
         nvrtc,
         stores,
+        tilelang,
         toolchain,
         triton,
     )
@@ -68,8 +70,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "cuda_core": ("kernelcache.cuda_core", None),
     "fingerprint": ("kernelcache.fingerprint", None),
     "memoize": ("kernelcache.memoize", None),
+    "ninetoothed": ("kernelcache.ninetoothed", None),
     "nvrtc": ("kernelcache.nvrtc", None),
     "stores": ("kernelcache.stores", None),
+    "tilelang": ("kernelcache.tilelang", None),
     "toolchain": ("kernelcache.toolchain", None),
     "triton": ("kernelcache.triton", None),
 }
@@ -95,8 +99,10 @@ __all__ = [
     "fingerprint",
     "make_key",
     "memoize",
+    "ninetoothed",
     "nvrtc",
     "stores",
+    "tilelang",
     "toolchain",
     "triton",
 ]

@@ -1,0 +1,232 @@
+"""kernelcache as ninetoothed's cache: ``kernelcache.ninetoothed.install()``.
+
+>>> import kernelcache.ninetoothed
+>>> kernelcache.ninetoothed.install()
+>>> kernel = ninetoothed.make(arrangement, application, tensors)   # memoised handle
+
+:func:`install` (ninetoothed 0.26.0) makes four changes, each undone by :func:`uninstall`:
+
+- generated sources are written atomically and named by source and kernel
+  name (:mod:`kernelcache.ninetoothed.source`): the concurrent
+  generate-and-import race of ninetoothed #161 is gone;
+- ``ninetoothed.build`` and AOT ``make`` outputs are kernelcache entries,
+  keyed by the generated source of every config (:mod:`.outputs`), compiled
+  once across processes and restored into ``output_dir`` on a hit;
+- ``ninetoothed.make(..., caller="torch")`` handles are memoised in process
+  with #161's content keys (:mod:`.handles`); call ``ninetoothed.make``, not a
+  ``make`` imported by name before :func:`install`;
+- the JIT auto-tuner's timings go through :mod:`kernelcache.autotune`, keyed
+  by GPU model (:mod:`.autotune`), and Triton's own cache becomes kernelcache
+  (``TRITON_CACHE_MANAGER=kernelcache.triton:CacheManager``, also seen by the
+  ``triton.tools.compile`` processes of the AOT path).
+
+Other ninetoothed versions keep their own caches, with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kernelcache._extras import missing
+
+try:
+    import ninetoothed as _ninetoothed
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="ninetoothed", extra="ninetoothed", feature="kernelcache.ninetoothed") from exc
+
+from kernelcache.autotune import AutotuneCache, current_device
+from kernelcache.cache import Cache
+from kernelcache.ninetoothed import source
+from kernelcache.ninetoothed.autotune import TunerHooks
+from kernelcache.ninetoothed.handles import MakeMemo
+from kernelcache.ninetoothed.outputs import OutputCache
+from kernelcache.patching import Patches
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "TRITON_CACHE_MANAGER",
+    "enabled",
+    "get_cache",
+    "get_records",
+    "install",
+    "installed",
+    "make_memo",
+    "stats",
+    "uninstall",
+]
+
+#: ninetoothed versions whose internals the hooks were written against.
+SUPPORTED_VERSIONS = ("0.26.0",)
+TRITON_CACHE_MANAGER = "kernelcache.triton:CacheManager"
+# The upstream names replaced (read from 0.26.0): module -> attribute.
+CACHE_SOURCE = ("ninetoothed.generation", "cache_source")
+DEBUG_CACHE_SOURCE = ("ninetoothed.debugging", "cache_source")  # imported by name there
+MAKE_AOT = ("ninetoothed.make", "aot")  # make() calls aot() through this global
+GET_TIMINGS = "_get_timings"  # ninetoothed.auto_tuner.AutoTuner
+COUNTERS = ("make_hits", "make_misses", "output_hits", "output_compiles", "autotune_runs")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.patches = Patches()
+        self.cache: Cache | None = None
+        self.records: AutotuneCache | None = None
+        self.device: Any = None
+        self.bench: Callable[[Callable[[], Any]], float] | None = None
+        self.memo: MakeMemo | None = None
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.env_before: str | None = None
+
+    def count(self, name: str) -> None:
+        with self.lock:
+            self.counters[name] += 1
+
+    def get_cache(self) -> Cache:
+        with self.lock:
+            if self.cache is None:
+                self.cache = Cache()
+            return self.cache
+
+    def get_records(self) -> AutotuneCache:
+        from kernelcache import toolchain
+
+        with self.lock:
+            if self.records is None:
+                self.records = AutotuneCache(
+                    self.get_cache(),
+                    toolchain={"ninetoothed": _ninetoothed_version(), "triton": toolchain.triton()},
+                )
+            return self.records
+
+    def get_device(self) -> Any:
+        return self.device if self.device is not None else current_device()
+
+
+_state = _State()
+
+
+def _ninetoothed_version() -> str:
+    from importlib.metadata import version
+
+    return version("ninetoothed")
+
+
+def installed() -> bool:
+    return bool(_state.patches)
+
+
+def install(
+    cache: Cache | None = None,
+    *,
+    device: Any = None,
+    bench: Callable[[Callable[[], Any]], float] | None = None,
+) -> bool:
+    """Make kernelcache ninetoothed's cache; ``False`` (and a warning) for an unsupported version.
+
+    ``cache`` defaults to ``kernelcache.Cache()``; ``device`` names the GPU
+    whose model keys auto-tuning records (default: CUDA device 0);
+    ``bench`` times one candidate call (default ``triton.testing.do_bench``).
+    """
+    version = _ninetoothed_version()
+    if version not in SUPPORTED_VERSIONS:
+        warnings.warn(
+            f"kernelcache.ninetoothed supports ninetoothed {', '.join(SUPPORTED_VERSIONS)}, "
+            f"not {version}: ninetoothed keeps its own caches",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    with _state.lock:
+        _state.cache, _state.records = cache, None
+        _state.device, _state.bench = device, bench
+        if installed():
+            return True
+        _patch(_state.patches)
+    return True
+
+
+def _patch(patches: Patches) -> None:
+    generation = importlib.import_module(CACHE_SOURCE[0])
+    folder = generation.CACHE_DIR
+
+    def cache_source(text: str, kernel_name: str | None = None) -> Any:
+        return source.write_once(folder, text, kernel_name)
+
+    for module, name in (CACHE_SOURCE, DEBUG_CACHE_SOURCE):
+        patches.set(importlib.import_module(module), name, cache_source)
+
+    build_module = importlib.import_module("ninetoothed.build")
+    make_module = importlib.import_module(MAKE_AOT[0])
+    outputs = OutputCache(
+        getattr(make_module, MAKE_AOT[1]), build_module.build, _state.get_cache, _state.count
+    )
+    patches.set(make_module, MAKE_AOT[1], outputs.aot)
+    patches.set(_ninetoothed, "build", outputs.build)
+
+    _state.memo = MakeMemo(make_module.make)
+    patches.set(_ninetoothed, "make", _state.memo)
+
+    tuner = TunerHooks(_state.get_records, _state.get_device, _state.bench, _state.count)
+    auto_tuner = importlib.import_module("ninetoothed.auto_tuner")
+    patches.set(
+        auto_tuner.AutoTuner,
+        GET_TIMINGS,
+        lambda self, args, kwargs: tuner.get_timings(self, args, kwargs),
+    )
+    _state.env_before = os.environ.get("TRITON_CACHE_MANAGER")
+    os.environ["TRITON_CACHE_MANAGER"] = TRITON_CACHE_MANAGER
+
+
+def uninstall() -> None:
+    """Give ninetoothed its own caches back."""
+    with _state.lock:
+        if not installed():
+            return
+        _state.patches.restore()
+        _state.memo = None
+        if _state.env_before is None:
+            os.environ.pop("TRITON_CACHE_MANAGER", None)
+        else:
+            os.environ["TRITON_CACHE_MANAGER"] = _state.env_before
+
+
+@contextlib.contextmanager
+def enabled(cache: Cache | None = None, **options: Any) -> Iterator[bool]:
+    """``with kernelcache.ninetoothed.enabled(): ...`` installs for the block."""
+    was = installed()
+    try:
+        yield install(cache, **options)
+    finally:
+        if not was:
+            uninstall()
+
+
+def get_cache() -> Cache:
+    return _state.get_cache()
+
+
+def get_records() -> AutotuneCache:
+    return _state.get_records()
+
+
+def make_memo() -> MakeMemo | None:
+    """The memo behind ``ninetoothed.make`` while installed (``.memo.cache_info()``)."""
+    return _state.memo
+
+
+def stats() -> dict[str, int]:
+    """This process's make() memo hits and misses, output hits and compiles, autotune runs."""
+    with _state.lock:
+        counters = dict(_state.counters)
+    memo = _state.memo
+    if memo is not None:
+        info = memo.memo.cache_info()
+        counters["make_hits"], counters["make_misses"] = info.hits, info.misses
+    return counters

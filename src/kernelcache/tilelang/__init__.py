@@ -1,0 +1,184 @@
+"""kernelcache as TileLang's kernel cache: ``kernelcache.tilelang.install()``.
+
+>>> import kernelcache.tilelang
+>>> kernelcache.tilelang.install()            # every later tilelang.compile / @tilelang.jit
+>>> kernel = tilelang.compile(func, out_idx=[2], target="cuda")
+
+After :func:`install`, each compiled kernel of TileLang's tvm_ffi, cython
+and nvrtc backends (CUDA targets) is ONE kernelcache entry: published
+atomically and verified, under the cache's size cap and statistics, shared
+through its Redis tier, and compiled once when N processes or machines ask
+for it together. Keys add the compilers and header contents TileLang's own
+key leaves out (:mod:`kernelcache.tilelang.keys`). TileLang's CUDA binary
+cache is bypassed while installed: its key holds absolute ``-I`` paths and
+no compiler identity, and the entry above already holds the binary.
+``TILELANG_DISABLE_CACHE=1`` still compiles without any cache. Autotuning
+results go through :mod:`kernelcache.autotune`, keyed by GPU model
+(:mod:`kernelcache.tilelang.autotune`).
+
+Only the TileLang versions in :data:`SUPPORTED_VERSIONS` are patched (the
+hooks replace private methods, read from those versions); with any other,
+:func:`install` warns and TileLang keeps its own cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from kernelcache._extras import missing
+
+try:
+    import tilelang as _tilelang
+except ModuleNotFoundError as exc:
+    raise missing(exc, package="tilelang", extra="tilelang", feature="kernelcache.tilelang") from exc
+
+from kernelcache.autotune import AutotuneCache, current_device
+from kernelcache.cache import Cache
+from kernelcache.patching import Patches
+from kernelcache.tilelang.autotune import TunerHooks
+from kernelcache.tilelang.kernels import BackendHooks, Counters
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "enabled",
+    "get_cache",
+    "get_records",
+    "install",
+    "installed",
+    "stats",
+    "uninstall",
+]
+
+#: TileLang versions whose cache internals the hooks were written against.
+SUPPORTED_VERSIONS = ("0.1.15",)
+
+# The upstream names replaced, all read from TileLang 0.1.15 (the table of seams).
+DISPATCH_MAP = "_dispatch_map"  # tilelang.cache: backend name -> KernelCache singleton
+LOAD = "_load_kernel_from_disk"
+SAVE = "_save_kernel_to_disk"
+TUNER_LOAD = "_load_result_from_disk"
+TUNER_SAVE = "_save_result_to_disk"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.patches = Patches()
+        self.counters = Counters()
+        self.cache: Cache | None = None
+        self.records: AutotuneCache | None = None
+        self.device: Any = None
+
+    def get_cache(self) -> Cache:
+        with self.lock:
+            if self.cache is None:
+                self.cache = Cache()
+            return self.cache
+
+    def get_records(self) -> AutotuneCache:
+        from kernelcache import toolchain
+
+        with self.lock:
+            if self.records is None:
+                self.records = AutotuneCache(
+                    self.get_cache(),
+                    toolchain={"tilelang": _tilelang.__version__, "nvcc": toolchain.nvcc()},
+                )
+            return self.records
+
+    def get_device(self) -> Any:
+        return self.device if self.device is not None else current_device()
+
+
+_state = _State()
+
+
+def installed() -> bool:
+    """Whether TileLang's caches are kernelcache now."""
+    return bool(_state.patches)
+
+
+def install(cache: Cache | None = None, *, device: Any = None) -> bool:
+    """Make kernelcache the cache of every TileLang backend; ``False`` if this version is not supported.
+
+    ``cache`` defaults to ``kernelcache.Cache()`` (created on first use, from
+    the ``KERNELCACHE_*`` environment). ``device`` names the GPU whose model
+    keys autotune records (``{"name": ..., "capability": (9, 0)}``; default:
+    CUDA device 0 as torch or cuda.core sees it). Calling it again replaces
+    the cache and device.
+    """
+    import tilelang.cache as tl_cache
+    from tilelang.autotuner.tuner import AutoTuner
+    from tilelang.cache.cuda_binary_cache import CUDABinaryCache
+
+    version = _tilelang.__version__
+    if version not in SUPPORTED_VERSIONS:
+        warnings.warn(
+            f"kernelcache.tilelang supports TileLang {', '.join(SUPPORTED_VERSIONS)}, "
+            f"not {version}: TileLang keeps its own cache",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    with _state.lock:
+        _state.cache, _state.records, _state.device = cache, None, device
+        if installed():
+            return True
+        patches = _state.patches
+        for upstream in getattr(tl_cache, DISPATCH_MAP).values():
+            hooks = BackendHooks(
+                upstream, getattr(upstream, LOAD), getattr(upstream, SAVE),
+                _state.get_cache, _state.counters,
+            )  # fmt: skip
+            patches.set(upstream, LOAD, hooks.load)
+            patches.set(upstream, SAVE, hooks.save)
+        patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
+        patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
+        tuner = TunerHooks(_state.get_records, _state.get_device)
+        patches.set(AutoTuner, TUNER_LOAD, lambda self, key: tuner.load(self, key))
+        patches.set(AutoTuner, TUNER_SAVE, lambda self, key, result: tuner.save(self, key, result))
+    return True
+
+
+def _binary_miss(cls: type, key: str, compile_format: str) -> None:
+    return None
+
+
+def _binary_skip(cls: type, key: str, compile_format: str, data: bytes) -> None:
+    return None
+
+
+def uninstall() -> None:
+    """Give TileLang its own caches back (kernels already loaded stay valid)."""
+    with _state.lock:
+        _state.patches.restore()
+
+
+@contextlib.contextmanager
+def enabled(cache: Cache | None = None, *, device: Any = None) -> Iterator[bool]:
+    """``with kernelcache.tilelang.enabled(): ...`` installs for the block, then uninstalls."""
+    was = installed()
+    try:
+        yield install(cache, device=device)
+    finally:
+        if not was:
+            uninstall()
+
+
+def get_cache() -> Cache:
+    """The cache TileLang's kernels go to (``kernelcache.Cache()`` unless :func:`install` got one)."""
+    return _state.get_cache()
+
+
+def get_records() -> AutotuneCache:
+    """The autotune records TileLang's tuner reads and writes (over :func:`get_cache`)."""
+    return _state.get_records()
+
+
+def stats() -> dict[str, int]:
+    """This process's hits, misses, compiles, unusable entries and pass-throughs."""
+    return _state.counters.snapshot()

@@ -1,0 +1,258 @@
+"""One TileLang backend's kernel cache, backed by kernelcache.
+
+TileLang's ``KernelCache.cached`` (0.1.15) looks in memory, then calls
+``_load_kernel_from_disk``; on ``None`` it compiles and calls
+``_save_kernel_to_disk``. :class:`BackendHooks` replaces both on one
+backend's singleton. The load hook does the whole miss itself, inside
+:meth:`kernelcache.Cache.get_or_compile`, so of N threads, processes or
+machines missing one kernel at once, one runs nvcc and the others load its
+entry; upstream's compile-then-save path is never reached for the targets
+handled here (others are passed to TileLang untouched).
+
+An entry is the file set upstream's per-backend writers produce (device and
+host source, the library or cubin, ``params.json``; the nvrtc backend's
+``kernel.py`` too), written into a private staging folder and packed as ONE
+entry. A hit rebuilds the kernel with ``JITKernel.from_database`` from files
+of that entry, as TileLang's own disk hit does, without any compiler call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kernelcache.cache import Cache
+from kernelcache.entry import Entry
+from kernelcache.errors import CorruptEntry, StoreError
+from kernelcache.tilelang.keys import kernel_key
+
+logger = logging.getLogger(__name__)
+
+#: Target kinds whose compilers the key names; others keep TileLang's own cache.
+TARGET_KINDS = ("cuda",)
+#: Backends whose file sets are stored here. cutedsl writes its cubin into the cache
+#: folder after the first launch (``_set_adapter_cache_path``), which an immutable
+#: entry cannot take; torch has no cache upstream.
+BACKENDS = ("tvm_ffi", "cython", "nvrtc")
+
+# TileLang's private writers, one per artifact kind; they take any folder.
+_WRITERS = (
+    "_save_kernel_source_code_to_disk",
+    "_save_wrapper_kernel_code_to_disk",
+    "_save_so_cubin_to_disk",
+)
+# Errors from loading a stored library: the entry is unusable, a miss, never a crash.
+_LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, CorruptEntry, StoreError)
+
+
+class Counters:
+    """Events of the TileLang integration in this process (``kernelcache.tilelang.stats()``)."""
+
+    NAMES = ("hits", "misses", "compiles", "unusable_entries", "passed_through")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values = dict.fromkeys(self.NAMES, 0)
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self.values[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+
+def handles(backend: str, target: Any) -> bool:
+    """Whether kernels of this backend and target go through kernelcache."""
+    kind = getattr(getattr(target, "kind", None), "name", None)
+    return backend in BACKENDS and kind in TARGET_KINDS
+
+
+def pack(upstream_cache: Any, kernel: Any, verbose: bool = False) -> Entry:
+    """The file set TileLang would publish for ``kernel``, as one entry."""
+    from tilelang.engine.param import dump_kernel_params
+
+    staging = tempfile.mkdtemp(prefix="kernelcache-tilelang-")
+    try:
+        for writer in _WRITERS:
+            getattr(upstream_cache, writer)(kernel, staging, verbose)
+        params = os.path.join(staging, upstream_cache.params_path)
+        with open(params, "w") as f:
+            f.write(dump_kernel_params(kernel.params))
+        artifacts = {}
+        for item in os.scandir(staging):
+            with open(item.path, "rb") as f:
+                artifacts[item.name] = f.read()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    meta = {
+        "tilelang_backend": kernel.execution_backend,
+        "device_source": upstream_cache.device_kernel_path,
+        "host_source": upstream_cache.host_kernel_path,
+        "library": upstream_cache.kernel_lib_path,
+        "params": upstream_cache.params_path,
+    }
+    return Entry(artifacts, meta=meta)
+
+
+def folder_of(entry: Entry) -> str:
+    """A folder holding every artifact of ``entry`` as a file (loaders find siblings by name).
+
+    A disk tier extracts an entry into one folder; an entry from elsewhere
+    (a remote tier, another thread's compile) is copied into a private one.
+    """
+    paths = {name: entry.path(name) for name in entry}
+    folders = {os.path.dirname(path) for path in paths.values()}
+    if len(folders) == 1:
+        return folders.pop()
+    folder = tempfile.mkdtemp(prefix="entry-", dir=_private_root())
+    for name, path in paths.items():
+        shutil.copyfile(path, os.path.join(folder, name))
+    return folder
+
+
+_root: list[str] = []
+_root_lock = threading.Lock()
+
+
+def _private_root() -> str:
+    """This process's folder for copied entries (mode 0700), removed at exit."""
+    import atexit
+
+    with _root_lock:
+        if not _root:
+            _root.append(tempfile.mkdtemp(prefix="kernelcache-tilelang-"))
+            atexit.register(shutil.rmtree, _root[0], True)
+        return _root[0]
+
+
+def load(entry: Entry, call: dict[str, Any]) -> Any:
+    """Rebuild a ``JITKernel`` from a stored entry, as TileLang's own disk hit does."""
+    from tilelang.engine.param import load_kernel_params
+    from tilelang.jit import JITKernel
+    from tilelang.jit.adapter.base import CachedTextSource
+
+    meta = entry.meta
+    folder = folder_of(entry)
+    params = load_kernel_params(entry[meta["params"]].decode())
+    device_source = entry.get(meta["device_source"])
+    host_source = entry.get(meta["host_source"])
+    context = call["backend_context"]
+    return JITKernel.from_database(
+        func=call["func"],
+        # Texts in hand, not paths: an evicted folder must not break get_kernel_source().
+        host_kernel_source=CachedTextSource(text=host_source.decode() if host_source else None),
+        device_kernel_source=CachedTextSource(
+            text=device_source.decode() if device_source else None
+        ),
+        kernel_lib_path=os.path.join(folder, meta["library"]),
+        params=params,
+        target=context.target,
+        target_host=context.target_host,
+        out_idx=call["out_idx"],
+        execution_backend=context.execution_backend.name,
+        pass_configs=call["pass_configs"],
+        compile_flags=call["compile_flags"],
+        backend_context=context,
+    )
+
+
+class BackendHooks:
+    """Replacements for one backend singleton's ``_load_kernel_from_disk`` and ``_save_kernel_to_disk``."""
+
+    def __init__(
+        self,
+        upstream_cache: Any,
+        original_load: Callable[..., Any],
+        original_save: Callable[..., Any],
+        cache: Callable[[], Cache],
+        counters: Counters,
+    ) -> None:
+        self.upstream = upstream_cache
+        self.original_load = original_load
+        self.original_save = original_save
+        self.cache = cache
+        self.counters = counters
+
+    def load(
+        self,
+        key: str,
+        backend_context: Any,
+        out_idx: Any = None,
+        pass_configs: dict[str, Any] | None = None,
+        compile_flags: Any = None,
+        func: Any = None,
+        verbose: bool = False,
+    ) -> Any:
+        backend = backend_context.execution_backend.name
+        if not handles(backend, backend_context.target):
+            self.counters.count("passed_through")
+            return self.original_load(
+                key, backend_context, out_idx, pass_configs, compile_flags, func, verbose
+            )
+        call = {
+            "func": func,
+            "backend_context": backend_context,
+            "out_idx": out_idx,
+            "pass_configs": pass_configs,
+            "compile_flags": compile_flags,
+            "verbose": verbose,
+        }
+        cache = self.cache()
+        kc_key = kernel_key(key, backend, backend_context.target)
+        compiled: list[Any] = []
+
+        def compile_entry() -> Entry:
+            self.counters.count("misses")
+            compiled.append(self._compile(call))
+            return pack(self.upstream, compiled[0], verbose)
+
+        entry = cache.get_or_compile(kc_key, compile_entry)
+        if compiled:
+            return compiled[0]
+        try:
+            kernel = load(entry, call)
+        except _LOAD_ERRORS as exc:
+            # A damaged or foreign entry (or files removed under us): recompile, replace it.
+            logger.warning("kernelcache: unusable TileLang entry %s (%s); recompiling", kc_key, exc)
+            self.counters.count("unusable_entries")
+            cache.delete(kc_key)
+            kernel = self._compile(call)
+            cache.put(kc_key, pack(self.upstream, kernel, verbose))
+            return kernel
+        self.counters.count("hits")
+        return kernel
+
+    def _compile(self, call: dict[str, Any]) -> Any:
+        from tilelang.jit import JITKernel
+
+        context = call["backend_context"]
+        kernel = JITKernel(
+            call["func"],
+            out_idx=call["out_idx"],
+            execution_backend=context.execution_backend.name,
+            target=context.target,
+            target_host=context.target_host,
+            verbose=call["verbose"],
+            pass_configs=call["pass_configs"],
+            compile_flags=call["compile_flags"],
+            backend_context=context,
+        )
+        self.counters.count("compiles")
+        return kernel
+
+    def save(self, key: str, kernel: Any, func: Any = None, verbose: bool = False) -> None:
+        # Reached only after TileLang compiled itself, i.e. for what load() passed through.
+        backend = kernel.execution_backend
+        if not handles(backend, kernel.target):
+            self.original_save(key, kernel, func, verbose)
+            return
+        self.cache().put(
+            kernel_key(key, backend, kernel.target), pack(self.upstream, kernel, verbose)
+        )

@@ -1,0 +1,208 @@
+"""kernelcache as TileLang's cache, with the real TileLang package and real nvcc compiles.
+
+Compiles run in processes of their own (``tilelang_kernels.py``) under a
+stand-in CUDA toolkit whose nvcc counts its runs (``cuda_standin.py``); no GPU
+is needed: the targets name an architecture (sm_90, sm_90a for the GEMM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tilelang = pytest.importorskip("tilelang")
+
+from cuda_standin import Toolkit, make_toolkit  # noqa: E402
+from kernelcache.tilelang import keys  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "tilelang_kernels.py"
+ROOT = HERE.parent
+JIT_KERNEL = "tilelang.jit.kernel.JITKernel"
+ADAPTERS = {
+    "tvm_ffi": "tilelang.jit.adapter.tvm_ffi.TVMFFIKernelAdapter",
+    "cython": "tilelang.jit.adapter.cython.adapter.CythonKernelAdapter",
+}
+
+
+@pytest.fixture(scope="module")
+def toolkit(tmp_path_factory: pytest.TempPathFactory) -> Toolkit:
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        pytest.skip("needs nvcc (the compiles are real)")
+    return make_toolkit(tmp_path_factory.mktemp("standin"))
+
+
+@pytest.fixture
+def dsl_env(toolkit: Toolkit, tmp_path: Path) -> dict[str, str]:
+    """A fresh kernelcache and TileLang cache directory per test, the stand-in nvcc."""
+    toolkit.reset()
+    env = toolkit.env()
+    env["KERNELCACHE_DIR"] = str(tmp_path / "kc")
+    env["TILELANG_CACHE_DIR"] = str(tmp_path / "tilelang")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(HERE)])
+    env.pop("TILELANG_DISABLE_CACHE", None)
+    return env
+
+
+def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def run(env: dict[str, str], *args: str) -> dict[str, Any]:
+    return finish(start(env, *args))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "backend"),
+    [
+        pytest.param("add", "tvm_ffi", id="add-sm_90-tvm_ffi"),
+        pytest.param("gemm", "tvm_ffi", id="gemm-sm_90a-tvm_ffi"),
+        pytest.param("add", "cython", id="add-sm_90-cython"),
+    ],
+)
+def test_compiled_once_then_hit_in_a_fresh_process_without_nvcc(
+    toolkit: Toolkit, dsl_env: dict[str, str], kernel: str, backend: str
+) -> None:
+    first = run(dsl_env, kernel, backend)
+    assert first["stats"]["misses"] == 1 and first["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 1
+    runs_before = len(toolkit.runs())
+
+    second = run(dsl_env, kernel, backend)
+    assert second["stats"] == {**second["stats"], "hits": 1, "misses": 0, "compiles": 0}
+    assert len(toolkit.runs()) == runs_before, "a hit must not run nvcc at all"
+    # The object upstream returns: TileLang's JITKernel over the backend's own adapter.
+    for report in (first, second):
+        assert report["kernel_class"] == JIT_KERNEL
+        assert report["adapter_class"] == ADAPTERS[backend]
+    assert second["source_chars"] == first["source_chars"] > 0
+    entries = list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))
+    assert len(entries) == 1, "one compiled kernel is ONE entry"
+    # TileLang's own kernel cache stayed empty: kernelcache took its place.
+    assert not list(Path(dsl_env["TILELANG_CACHE_DIR"]).rglob("*.so"))
+
+
+def _start_together(
+    env: dict[str, str], tmp_path: Path, count: int, *args: str
+) -> list[dict[str, Any]]:
+    go = tmp_path / "go"
+    procs = [start(env, *args, "--wait-for", str(go)) for _ in range(count)]
+    deadline = time.monotonic() + 300
+    while len(list(tmp_path.glob("go.ready.*"))) < count:
+        assert time.monotonic() < deadline, "workers never got ready"
+        assert all(p.poll() is None for p in procs), [
+            finish(p) for p in procs if p.poll() is not None
+        ]
+        time.sleep(0.05)
+    go.touch()
+    return [finish(p) for p in procs]
+
+
+def test_two_processes_started_together_run_nvcc_once(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    reports = _start_together(dsl_env, tmp_path, 2, "add", "tvm_ffi")
+    assert len(toolkit.compiles()) == 1
+    assert sorted(r["stats"]["compiles"] for r in reports) == [0, 1]
+    assert sorted(r["stats"]["hits"] for r in reports) == [0, 1]
+
+
+def test_upstream_cache_compiles_once_per_process(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    # What kernelcache fixes: TileLang's own cache lets both processes run nvcc.
+    upstream = _start_together(dsl_env, tmp_path, 2, "add", "tvm_ffi", "--upstream")
+    assert len(toolkit.compiles()) == 2
+    # kernelcache hands back the kind of object upstream returns.
+    ours = run(dsl_env, "add", "tvm_ffi")
+    assert {(r["kernel_class"], r["adapter_class"]) for r in upstream} == {
+        (ours["kernel_class"], ours["adapter_class"])
+    }
+
+
+def test_eviction_is_a_miss_not_a_crash(toolkit: Toolkit, dsl_env: dict[str, str]) -> None:
+    run(dsl_env, "add", "tvm_ffi")
+    # Evicted between this process's lookup and its load (another process pruned it):
+    # the verified bytes in hand still load; a loader failure would be a counted miss.
+    report = run(dsl_env, "add", "tvm_ffi", "--evict-after-get")
+    assert report["stats"]["hits"] + report["stats"]["unusable_entries"] == 1
+    assert report["adapter_class"] == ADAPTERS["tvm_ffi"]
+    # Evicted before the lookup, files and all: a miss that compiles again.
+    shutil.rmtree(Path(dsl_env["KERNELCACHE_DIR"]) / "v1")
+    again = run(dsl_env, "add", "tvm_ffi")
+    assert again["stats"]["misses"] == 1 and again["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 2
+
+
+def test_an_entry_whose_library_will_not_load_is_replaced(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    from kernelcache.cache import Cache
+    from kernelcache.entry import Entry
+    from kernelcache.stores.disk import DiskStore
+
+    run(dsl_env, "add", "tvm_ffi")
+    # Verified bytes that are not a loadable library (a foreign or mis-built entry).
+    with Cache([DiskStore(dsl_env["KERNELCACHE_DIR"])], persist_stats=False) as cache:
+        (key,) = list(cache.tiers[0].keys())
+        entry = cache.get(key)
+        assert entry is not None
+        library = entry.meta["library"]
+        cache.put(key, Entry({**entry, library: b"not a shared library"}, meta=entry.meta))
+    damaged = run(dsl_env, "add", "tvm_ffi")
+    assert damaged["stats"]["unusable_entries"] == 1 and damaged["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 2
+    healed = run(dsl_env, "add", "tvm_ffi")
+    assert healed["stats"]["hits"] == 1 and len(toolkit.compiles()) == 2
+
+
+def test_template_headers_key_by_content_not_path(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    templates = Path(keys.headers_folder("templates"))
+    copies = [tmp_path / "a" / "src", tmp_path / "b" / "src"]
+    for copy in copies:
+        shutil.copytree(templates, copy)
+    run({**dsl_env, "TL_TEMPLATE_PATH": str(copies[0])}, "add", "tvm_ffi")
+    assert len(toolkit.compiles()) == 1
+    # Same headers at another path: the same key, a hit without nvcc.
+    moved = run({**dsl_env, "TL_TEMPLATE_PATH": str(copies[1])}, "add", "tvm_ffi")
+    assert moved["stats"]["hits"] == 1 and len(toolkit.compiles()) == 1
+    # An edited header: a miss, and nvcc really runs again.
+    header = next(copies[1].rglob("common.h"))
+    header.write_text(header.read_text() + "\n// edited\n")
+    edited = run({**dsl_env, "TL_TEMPLATE_PATH": str(copies[1])}, "add", "tvm_ffi")
+    assert edited["stats"]["misses"] == 1 and len(toolkit.compiles()) == 2
+
+
+def test_disable_cache_env_still_compiles_without_any_cache(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    env = {**dsl_env, "TILELANG_DISABLE_CACHE": "1"}
+    for _ in range(2):
+        report = run(env, "add", "tvm_ffi")
+        assert report["stats"]["hits"] == report["stats"]["misses"] == 0
+    assert len(toolkit.compiles()) == 2
+    assert not (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").exists() or not list(
+        (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce")
+    )

@@ -1,0 +1,145 @@
+"""kernelcache.tilelang in process: key fields, the version pin, install/uninstall, autotune records."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tilelang = pytest.importorskip("tilelang")
+
+import kernelcache.tilelang as kct  # noqa: E402
+from kernelcache.cache import Cache  # noqa: E402
+from kernelcache.stores.disk import DiskStore  # noqa: E402
+from kernelcache.tilelang import keys  # noqa: E402
+from kernelcache.tilelang.autotune import TunerHooks  # noqa: E402
+
+BASE: dict[str, Any] = {
+    "upstream": "u" * 64,
+    "backend": "tvm_ffi",
+    "target": "cuda -arch=sm_90",
+    "version": "0.1.15",
+    "libraries": {"libtilelang.so": "1"},
+    "headers": {"templates": "t", "cutlass": "c"},
+    "compilers": {"nvcc": "nvcc 13.0", "host": "g++ 12", "nvrtc": None},
+}
+
+
+def _key(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> str:
+    fields = {**BASE, **changes}
+    monkeypatch.setattr(tilelang, "__version__", fields["version"])
+    monkeypatch.setattr(keys, "library_stamp", lambda: fields["libraries"])
+    monkeypatch.setattr(keys, "headers", lambda: fields["headers"])
+    monkeypatch.setattr(keys, "compilers", lambda backend: fields["compilers"])
+    return keys.kernel_key(fields["upstream"], fields["backend"], fields["target"])
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"upstream": "v" * 64}, id="upstream-key"),
+        pytest.param({"backend": "cython"}, id="backend"),
+        pytest.param({"target": "cuda -arch=sm_90a"}, id="target"),
+        pytest.param({"version": "0.1.16"}, id="tilelang-version"),
+        pytest.param({"libraries": {"libtilelang.so": "2"}}, id="library-stamp"),
+        pytest.param({"headers": {"templates": "t2", "cutlass": "c"}}, id="template-headers"),
+        pytest.param({"headers": {"templates": "t", "cutlass": "c2"}}, id="cutlass-headers"),
+        pytest.param({"compilers": {**BASE["compilers"], "nvcc": "nvcc 13.1"}}, id="nvcc"),
+        pytest.param({"compilers": {**BASE["compilers"], "host": "g++ 13"}}, id="host-compiler"),
+        pytest.param({"compilers": {**BASE["compilers"], "nvrtc": "nvrtc 13.0"}}, id="nvrtc"),
+    ],
+)
+def test_each_field_changes_the_key(
+    monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any]
+) -> None:
+    assert _key(monkeypatch, **changes) != _key(monkeypatch)
+
+
+def test_same_inputs_same_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _key(monkeypatch) == _key(monkeypatch)
+
+
+def test_real_probes_name_nvrtc_only_for_the_nvrtc_backend() -> None:
+    assert keys.compilers("tvm_ffi")["nvrtc"] is None
+    assert keys.compilers("nvrtc")["nvrtc"]
+    probes = keys.compilers("tvm_ffi")
+    assert probes["nvcc"] and probes["host"]
+    for value in [*probes.values(), *keys.headers().values(), *keys.library_stamp().values()]:
+        assert value is None or "/" not in str(value).split("\n")[0], "no paths in key fields"
+
+
+def test_unsupported_version_keeps_tilelangs_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tilelang, "__version__", "0.1.14")
+    with pytest.warns(RuntimeWarning, match="keeps its own cache"):
+        assert kct.install() is False
+    assert not kct.installed()
+
+
+def test_install_and_uninstall_patch_every_backend_and_restore(tmp_path: Path) -> None:
+    dispatch = getattr(importlib.import_module("tilelang.cache"), kct.DISPATCH_MAP)
+    before = {name: dict(vars(upstream)) for name, upstream in dispatch.items()}
+    with kct.enabled(Cache([DiskStore(tmp_path)])) as on:
+        assert on and kct.installed()
+        for upstream in dispatch.values():
+            assert kct.LOAD in vars(upstream) and kct.SAVE in vars(upstream)
+    assert not kct.installed()
+    assert {name: dict(vars(upstream)) for name, upstream in dispatch.items()} == before
+
+
+def add_for_tuning(block: int = 64) -> Any:
+    import tilelang_kernels
+
+    return tilelang_kernels.add(block=block)
+
+
+def test_autotune_records_are_keyed_by_gpu_model(tmp_path: Path) -> None:
+    from tilelang.autotuner.param import AutotuneResult
+    from tilelang.autotuner.tuner import AutoTuner
+
+    from tilelang_kernels import ADD_TARGET
+
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "capability": (9, 0)}
+    a100 = {"name": "NVIDIA A100-SXM4-80GB", "capability": (8, 0)}
+    cache = Cache([DiskStore(tmp_path / "kc")])
+    with kct.enabled(cache, device=h100):
+        tuner = AutoTuner.from_kernel(
+            kernel=add_for_tuning, configs=[{"block": 64}, {"block": 128}]
+        )
+        tuner.set_compile_args(out_idx=[2], target=ADD_TARGET, execution_backend="tvm_ffi")
+        hooks = TunerHooks(kct.get_records, lambda: h100)
+        hooks.save(tuner, "tuning-key", AutotuneResult(config={"block": 128}, latency=0.25))
+
+        found = hooks.load(tuner, "tuning-key")
+        assert found is not None
+        assert (found.config, found.latency, found.ref_latency) == ({"block": 128}, 0.25, None)
+        assert type(found.kernel).__name__ == "JITKernel"
+        assert "128" in found.libcode  # the best config's kernel, compiled through the kernel cache
+        assert TunerHooks(kct.get_records, lambda: a100).load(tuner, "tuning-key") is None
+        assert hooks.load(tuner, "another-key") is None
+
+
+def test_header_tree_memo_is_used_only_while_stats_are_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import time
+
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
+    tree = tmp_path / "headers"
+    (tree / "cuda").mkdir(parents=True)
+    header = tree / "cuda" / "common.h"
+    header.write_text("#define A 1\n")
+    time.sleep(2.2)  # older than the timestamp granularity: trusted for the memo
+    first = keys.tree_fingerprint(str(tree))
+    memo_file = tmp_path / "kc" / keys.TREE_MEMO
+    memo = json.loads(memo_file.read_text())
+    assert memo[str(tree)]["digest"] == first
+    # The memo answers while every stat is unchanged (proved by planting a marker)...
+    memo[str(tree)]["digest"] = "planted"
+    memo_file.write_text(json.dumps(memo))
+    assert keys.tree_fingerprint(str(tree)) == "planted"
+    # ...and an edit of the same size changes the stat signature: re-hashed from content.
+    header.write_text("#define A 2\n")
+    assert keys.tree_fingerprint(str(tree)) not in ("planted", first)

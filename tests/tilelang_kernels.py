@@ -1,0 +1,121 @@
+"""TileLang kernels compiled by the TileLang tests and benchmarks, in a process of their own.
+
+Run as ``python tilelang_kernels.py KERNEL BACKEND [options]`` it compiles one
+kernel and prints one JSON line: the integration's counters, the kernel
+object's class and its adapter's, and the seconds the compile took. Options:
+``--upstream`` (TileLang's own cache, kernelcache not installed),
+``--wait-for PATH`` (after imports, create ``PATH.ready.<pid>`` and wait for
+PATH: lets a test start several compiles at the same moment), and
+``--evict-after-get`` (remove the entry and its files from the cache between
+kernelcache's lookup and the load: another process's eviction, injected).
+The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
+"""
+
+# No "from __future__ import annotations": TileLang evaluates the annotations of prim_funcs.
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import tilelang
+import tilelang.language as T
+
+ADD_TARGET = {"kind": "cuda", "arch": "sm_90"}
+GEMM_TARGET = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def add(n: int = 1024, block: int = 128, dtype: str = "float32") -> Any:
+    @T.prim_func
+    def main(A: T.Tensor((n,), dtype), B: T.Tensor((n,), dtype), C: T.Tensor((n,), dtype)) -> None:
+        with T.Kernel(T.ceildiv(n, block), threads=block) as bx:
+            for i in T.Parallel(block):
+                C[bx * block + i] = A[bx * block + i] + B[bx * block + i]
+
+    return main
+
+
+def gemm(m: int = 256, n: int = 256, k: int = 256, bm: int = 64, bn: int = 64, bk: int = 32) -> Any:
+    dtype, accum = "float16", "float32"
+
+    @T.prim_func
+    def main(
+        A: T.Tensor((m, k), dtype), B: T.Tensor((k, n), dtype), C: T.Tensor((m, n), dtype)
+    ) -> None:
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=128) as (bx, by):
+            a_shared = T.alloc_shared((bm, bk), dtype)
+            b_shared = T.alloc_shared((bk, bn), dtype)
+            c_local = T.alloc_fragment((bm, bn), accum)
+            T.clear(c_local)
+            for ko in T.Pipelined(T.ceildiv(k, bk), num_stages=2):
+                T.copy(A[by * bm, ko * bk], a_shared)
+                T.copy(B[ko * bk, bx * bn], b_shared)
+                T.gemm(a_shared, b_shared, c_local)
+            T.copy(c_local, C[by * bm, bx * bn])
+
+    return main
+
+
+KERNELS = {"add": (add, ADD_TARGET), "gemm": (gemm, GEMM_TARGET)}
+
+
+def compile_kernel(name: str, backend: str) -> Any:
+    make, target = KERNELS[name]
+    return tilelang.compile(make(), out_idx=[2], target=target, execution_backend=backend)
+
+
+def _evict_after_get() -> None:
+    import kernelcache.tilelang
+    import kernelcache.tilelang.kernels as kernels
+
+    real_load = kernels.load
+
+    def load(entry: Any, call: dict[str, Any]) -> Any:
+        cache = kernelcache.tilelang.get_cache()
+        for key in list(cache.tiers[-1].keys()):
+            cache.delete(key)
+        return real_load(entry, call)
+
+    kernels.load = load
+
+
+def _wait_for(path: str) -> None:
+    with open(f"{path}.ready.{os.getpid()}", "w"):
+        pass
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
+
+
+def main(argv: list[str]) -> None:
+    name, backend = argv[0], argv[1]
+    use_kernelcache = "--upstream" not in argv
+    if use_kernelcache:
+        import kernelcache.tilelang
+
+        kernelcache.tilelang.install()
+        if "--evict-after-get" in argv:
+            _evict_after_get()
+    if "--wait-for" in argv:
+        _wait_for(argv[argv.index("--wait-for") + 1])
+    start = time.perf_counter()
+    kernel = compile_kernel(name, backend)
+    seconds = time.perf_counter() - start
+    report = {
+        "seconds": seconds,
+        "kernel_class": f"{type(kernel).__module__}.{type(kernel).__qualname__}",
+        "adapter_class": f"{type(kernel.adapter).__module__}.{type(kernel.adapter).__qualname__}",
+        "source_chars": len(kernel.get_kernel_source() or ""),
+    }
+    if use_kernelcache:
+        import kernelcache.tilelang
+
+        report["stats"] = kernelcache.tilelang.stats()
+    print(json.dumps(report), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
