@@ -135,5 +135,5 @@ def test_caps_evict_the_least_recently_used(tmp_path: Path) -> None:
     assert pinned.usage()[0] == 1
     assert pinned.delete("bbbb") and not pinned.delete("bbbb")
     assert pinned.clear() == 0
-    with pytest.raises(ValueError, match="max_bytes"):
+    with pytest.raises(ValueError, match="max_bytes must be a positive int or None"):
         PinnedTier(max_bytes=-1)
