@@ -189,7 +189,8 @@ def test_size_cap_evicts_and_triton_recompiles(tmp_path: Path) -> None:
     assert store.counters.evictions > 0
 
     kernel, seen = triton_kernels.compile_kernel("add")
-    assert seen["cache_hit"] is False and seen["stages"]  # the miss recompiled
+    assert seen["cache_hit"] is False
+    assert seen["stages"]
     assert kernel.asm["cubin"] == cubin
     kernel, seen = triton_kernels.compile_kernel("add")
     assert seen["cache_hit"] is True
@@ -240,7 +241,8 @@ def test_lone_put_is_published_at_once_with_its_file_name() -> None:
     path = writer.put(b"\x7fELF fake so", name)
     reader = kt.CacheManager("LAUNCHER")
     found = reader.get_file(name)
-    assert found is not None and Path(found).name == name  # importlib needs the suffix
+    assert found is not None
+    assert Path(found).name == name
     assert Path(found).read_bytes() == Path(path).read_bytes() == b"\x7fELF fake so"
     reader.put('{"configs_timings": []}', "k.autotune.json", binary=False)
     assert Path(kt.CacheManager("LAUNCHER").get_file("k.autotune.json") or "").read_text() == (
@@ -253,15 +255,18 @@ def test_group_is_invisible_until_put_group_then_complete(private_cache: DiskSto
     assert writer.get_group("k.json") is None
     group = {name: writer.put(data, name) for name, data in _FILES.items()}
     staged = Path(group["k.cubin"])
-    assert staged.exists() and writer.get_file("k.cubin") == str(staged)
-    assert reader.get_group("k.json") is None and reader.get_file("k.cubin") is None
+    assert staged.exists()
+    assert writer.get_file("k.cubin") == str(staged)
+    assert reader.get_group("k.json") is None
+    assert reader.get_file("k.cubin") is None
     assert list(private_cache.keys()) == []
 
     grp_path = writer.put_group("k.json", group)
     assert not staged.exists()  # staging is gone; the group now names published files
     assert all(Path(p).is_relative_to(private_cache.path) for p in group.values())
     found = reader.get_group("k.json")
-    assert found is not None and set(found) == set(_FILES)
+    assert found is not None
+    assert set(found) == set(_FILES)
     assert {n: Path(p).read_bytes() for n, p in found.items()} == _FILES
     assert json.loads(Path(grp_path).read_text()) == {"child_paths": {n: n for n in _FILES}}
     assert reader.get_file("__grp__k.json") == grp_path
@@ -345,7 +350,8 @@ def test_memory_tier_serves_files_inside_the_disk_tier(tmp_path: Path) -> None:
     assert found == group
     assert all(Path(p).is_relative_to(disk.path) for p in found.values())
     # Published once, never read back: the memory tier serves the hit, with disk paths.
-    assert disk.counters.hits == 0 and disk.counters.puts == 1
+    assert disk.counters.hits == 0
+    assert disk.counters.puts == 1
 
 
 def test_without_a_writable_persistent_tier_the_process_still_hits(tmp_path: Path) -> None:

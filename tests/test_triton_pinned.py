@@ -49,12 +49,14 @@ def test_second_hit_reads_nothing_from_the_disk_tier(
     cache, pinned, disk = tiers
     pinned.clear()  # as a new process starts: nothing pinned yet
     first = _paths(cache.get(KEY))  # from disk: read, verified, then pinned
-    assert disk.counters.hits == 1 and pinned.usage()[0] == 1
+    assert disk.counters.hits == 1
+    assert pinned.usage()[0] == 1
     read = disk.counters.bytes_read
     for _ in range(3):
         assert _paths(cache.get(KEY)) == first
     assert pinned.counters.hits == 3
-    assert disk.counters.hits == 1 and disk.counters.bytes_read == read
+    assert disk.counters.hits == 1
+    assert disk.counters.bytes_read == read
     assert _contents(first) == ARTIFACTS
     # Pinned hits count as hits that saved the entry's compile time.
     assert cache.stats()["pinned"]["seconds_saved"] == pytest.approx(6.0)
@@ -66,7 +68,8 @@ def test_files_too_young_to_vouch_for_are_not_pinned(
     cache, pinned, disk = tiers
     for _ in range(2):
         assert _contents(_paths(cache.get(KEY))) == ARTIFACTS
-    assert pinned.usage() == (0, 0) and pinned.counters.young >= 2
+    assert pinned.usage() == (0, 0)
+    assert pinned.counters.young >= 2
     assert disk.counters.hits == 2  # each hit read and verified the entry again
 
 
@@ -79,7 +82,8 @@ def test_a_file_altered_in_place_is_never_served(
     time.sleep(0.05)  # past the clock tick of the pin (the rule this test lifted guards it)
     with open(path, "r+b") as f:  # same size, other bytes
         f.write(b"EVIL")
-    assert pinned.get(KEY) is None and pinned.counters.changed == 1
+    assert pinned.get(KEY) is None
+    assert pinned.counters.changed == 1
     served = _paths(cache.get(KEY))  # the disk tier serves, and nothing pins the bad file
     assert _contents(served) == ARTIFACTS
 
@@ -109,7 +113,8 @@ def test_a_removed_file_is_extracted_again_and_pinned_again(
     path = Path(_paths(cache.get(KEY))["k.cubin"])
     path.unlink()
     assert _contents(_paths(cache.get(KEY))) == ARTIFACTS  # from disk, extracted again
-    assert pinned.counters.changed == 1 and disk.counters.hits == 1
+    assert pinned.counters.changed == 1
+    assert disk.counters.hits == 1
     # The new file was written after that lookup began (too young for it): the next one pins.
     _paths(cache.get(KEY))
     assert pinned.get(KEY) is not None
@@ -131,9 +136,11 @@ def test_caps_evict_the_least_recently_used(tmp_path: Path) -> None:
     for key in ("aaaa", "bbbb"):
         cache.put(key, Entry(ARTIFACTS))
         _paths(cache.get(key))
-    assert list(pinned.keys()) == ["bbbb"] and pinned.counters.evictions == 1
+    assert list(pinned.keys()) == ["bbbb"]
+    assert pinned.counters.evictions == 1
     assert pinned.usage()[0] == 1
-    assert pinned.delete("bbbb") and not pinned.delete("bbbb")
+    assert pinned.delete("bbbb")
+    assert not pinned.delete("bbbb")
     assert pinned.clear() == 0
     with pytest.raises(ValueError, match="max_bytes must be a positive int or None"):
         PinnedTier(max_bytes=-1)

@@ -26,13 +26,17 @@ forked child inherits the object and its finalizer, but not the claim.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import math
 import os
+import queue
 import shutil
 import tempfile
 import threading
 import time
 import weakref
+from typing import Any
 
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
@@ -56,6 +60,61 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Reaper:
+    """Releases what managers left behind when they were dropped.
+
+    A manager freed by reference counting (Triton's compile raised and its
+    frame went) is released at once, in that thread. One freed by the cyclic
+    collector must not be: a collection runs inside whatever allocation set
+    it off, possibly while this very thread holds a lock that releasing a
+    claim takes (the cache's flight table, the lock files' registry), and
+    those locks are not reentrant. So a release that finds a collection
+    running is queued (``SimpleQueue.put`` is safe there) for a thread of its
+    own; what is still queued at exit is released then.
+    """
+
+    def __init__(self) -> None:
+        self.collecting = threading.local()
+        self.queue: queue.SimpleQueue[PendingGroup] = queue.SimpleQueue()
+        self.pid: int | None = None
+        gc.callbacks.append(self._gc_phase)
+
+    def _gc_phase(self, phase: str, info: dict[str, Any]) -> None:
+        self.collecting.active = phase == "start"
+
+    def start(self) -> None:
+        """Make sure this process has its thread (called from ordinary code, never from a collection)."""
+        if self.pid != os.getpid():  # first use, or a forked child: the parent's thread is not here
+            self.pid = os.getpid()
+            self.queue = queue.SimpleQueue()
+            threading.Thread(
+                target=self._run, name="kernelcache-triton-reaper", daemon=True
+            ).start()
+
+    def release(self, pending: PendingGroup) -> None:
+        """The finalizer of a manager with a pending group."""
+        if getattr(self.collecting, "active", False):
+            self.queue.put(pending)
+        else:
+            pending.release()
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.queue.get_nowait().release()
+            except queue.Empty:
+                return
+
+    def _run(self) -> None:
+        jobs = self.queue
+        while True:
+            jobs.get().release()
+
+
+_reaper = _Reaper()
+atexit.register(_reaper.drain)
 
 
 def claim(cache: Cache, key: str, timeout: float) -> Claim:
@@ -86,7 +145,8 @@ class PendingGroup:
         self._staged: dict[str, str] = {}
         self._timer: threading.Timer | None = None
         # Runs when the manager is collected, and at exit for one still alive.
-        self._finalizer = weakref.finalize(owner, self.release)
+        _reaper.start()
+        self._finalizer = weakref.finalize(owner, _reaper.release, self)
         if claim is not None:
             with _leading_lock:
                 _leading[(id(cache), claim.key)] = self
