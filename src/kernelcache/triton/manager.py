@@ -66,7 +66,8 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
 
     @property
     def setup(self) -> Setup:
-        """The cache this manager uses (fixed when it was made, as Triton's managers fix their dir)."""
+        """The cache this manager uses: the one in effect when it was made (as Triton's own
+        managers fix their directory), or its successor if that directory was removed since."""
         if self._setup is None:
             raise RuntimeError(f"{self!r} is a dump/override manager: it uses Triton's directories")
         return self._setup
