@@ -19,7 +19,7 @@ instead call ``get_file`` then a lone ``put``. So a manager that was asked
 also holds the key's single-flight claim in between); any other put is
 published at once.
 
-Configuration (:mod:`~kernelcache.triton.setup`): the cache lives in
+Configuration (:mod:`~kernelcache.triton.config`): the cache lives in
 ``KERNELCACHE_TRITON_DIR`` if set, else in Triton's ``TRITON_CACHE_DIR`` (or
 ``triton.knobs.cache.dir``) if set, else in the shared kernelcache directory;
 ``KERNELCACHE_TRITON_MAX_SIZE`` caps it; ``KERNELCACHE_TRITON_NAMESPACE`` is
@@ -38,9 +38,7 @@ try:  # the dependency first: without it, say what to install
 except ModuleNotFoundError as exc:
     raise missing(exc, package="triton", extra="triton", feature="kernelcache.triton") from exc
 
-from kernelcache.triton.manager import GROUP_PREFIX, CacheManager
-from kernelcache.triton.remote import RemoteBackend
-from kernelcache.triton.setup import (
+from kernelcache.triton.config import (
     ENV_DIR,
     ENV_MAX_SIZE,
     ENV_NAMESPACE,
@@ -53,6 +51,8 @@ from kernelcache.triton.setup import (
     set_cache,
     stats,
 )
+from kernelcache.triton.manager import GROUP_PREFIX, CacheManager
+from kernelcache.triton.remote import RemoteBackend
 
 __all__ = [
     "ENV_DIR",

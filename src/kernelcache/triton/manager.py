@@ -10,9 +10,8 @@ from triton.runtime.cache import FileCacheManager
 
 from kernelcache.entry import Entry, validate_name
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.triton import pending
-from kernelcache.triton.pending import PendingGroup
-from kernelcache.triton.setup import Setup, count, current, refresh
+from kernelcache.triton.config import Setup, count, current, refresh
+from kernelcache.triton.pending import PendingGroup, claim
 
 GROUP_PREFIX = "__grp__"
 
@@ -103,7 +102,7 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
         key, entry = self._lookup("group", filename)
         setup = self.setup
         if entry is None:
-            held = pending.claim(setup.cache, key, setup.timeout)
+            held = claim(setup.cache, key, setup.timeout)
             if held.entry is None:
                 self._pending = PendingGroup(self, setup.cache, held, setup.timeout)
                 count("group_misses")

@@ -41,7 +41,7 @@ from typing import Any
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.singleflight import Claim
-from kernelcache.triton.setup import count
+from kernelcache.triton.config import count
 
 STAGING_PREFIX = "kernelcache-triton-"
 

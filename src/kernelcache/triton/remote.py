@@ -5,8 +5,8 @@ from __future__ import annotations
 from triton.runtime.cache import RemoteCacheBackend
 
 from kernelcache.entry import Entry, validate_name
+from kernelcache.triton.config import count, current
 from kernelcache.triton.manager import as_bytes
-from kernelcache.triton.setup import count, current
 
 
 class RemoteBackend(RemoteCacheBackend):  # type: ignore[misc]
