@@ -3,14 +3,20 @@
     PYTHONPATH=src:tests python benchmarks/bench_triton.py [--quick]
 
 1. Warm ``triton.compile`` (sm_90, ahead of time) of vector add, softmax and
-   matmul: FileCacheManager vs kernelcache (memory + disk, and disk only:
-   what every fresh process gets).
+   matmul: FileCacheManager vs kernelcache as Triton users get it (the pinned
+   tier in front of the disk tier: files verified once per process, then a
+   stat per file) and vs the disk tier alone (every hit reads and verifies
+   the whole entry: the previous design).
 2. Group put (get_group miss, 7 puts, put_group) and group get (get_group,
    then reading every file, as CompiledKernel does) with the real files of
    the add kernel.
 3. Repeated handle construction: warm triton.compile every time vs
    ``@memoize``; and what one memoize hit costs vs re-fingerprinting per call
    (the rejected design) and functools.lru_cache (not content-sensitive).
+4. The stampede: N = 2, 4, 8 spawned processes, barrier-aligned, compiling the
+   same 8 kernel variants into one fresh cache, Triton's FileCacheManager vs
+   kernelcache: real compiles per variant and wall time (``--quick``: N = 2,
+   4 and 4 variants; on 2 cores the full run takes minutes).
 
 Medians of interleaved rounds; ratio = kernelcache / peer (< 1 is faster).
 """
@@ -19,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -69,26 +77,31 @@ def row(label: str, ours: float, peer: float, peer_name: str) -> None:
 def bench_warm_compile(tmp: Path, rounds: int) -> None:
     print("Warm triton.compile, sm_90 (median per compile):")
     os.environ["TRITON_CACHE_DIR"] = str(tmp / "triton")
-    both = Cache([MemoryStore(), DiskStore(tmp / "kc")])
-    disk_only = Cache([DiskStore(tmp / "kc")])
 
-    def kernelcache_with(cache: Cache) -> Callable[[], None]:
+    def kernelcache_with(cache: Cache | None) -> Callable[[], None]:
         def setup() -> None:
             use_manager(KC_MANAGER)
             kt.set_cache(cache)
 
         return setup
 
+    os.environ[kt.ENV_DIR] = str(tmp / "kc")
     setups = {
         "file": functools.partial(use_manager, None),
-        "kc": kernelcache_with(both),
-        "kc-disk": kernelcache_with(disk_only),
+        # What every process gets from the environment (the directory is
+        # resolved for each compile): the pinned tier in front of the disk tier.
+        "kc": kernelcache_with(None),
+        # The disk tier alone: every hit reads and verifies the whole entry.
+        "kc-read": kernelcache_with(Cache([DiskStore(tmp / "kc-read")])),
     }
     sources = {name: triton_kernels.source(name) for name in KERNELS}
     for setup in setups.values():  # cold compiles fill every cache
         setup()
         for src in sources.values():
             triton.compile(src, target=triton_kernels.TARGET)
+    # Measured as any later process finds the files: older than the timestamp
+    # granularity, so that a stat vouches for them (_fs.too_new).
+    time.sleep(2.1)
     for name, src in sources.items():
         times: dict[str, list[float]] = {k: [] for k in setups}
         for _ in range(rounds):  # interleaved, so drift hits all three alike
@@ -98,14 +111,21 @@ def bench_warm_compile(tmp: Path, rounds: int) -> None:
                 triton.compile(src, target=triton_kernels.TARGET)
                 times[label].append(time.perf_counter() - start)
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        row(f"{name}: kernelcache (memory+disk)", med["kc"], med["file"], "FileCacheManager")
-        row(f"{name}: kernelcache (disk only)", med["kc-disk"], med["file"], "FileCacheManager")
+        row(f"{name}: kernelcache (pinned + disk)", med["kc"], med["file"], "FileCacheManager")
+        row(
+            f"{name}: kernelcache (disk tier alone)",
+            med["kc-read"],
+            med["file"],
+            "FileCacheManager",
+        )
+    kt.set_cache(None)
     use_manager(None)
 
 
 def bench_groups(tmp: Path, rounds: int) -> None:
     print("Group put / get with the add kernel's 7 files (median per group):")
-    kt.set_cache(Cache([DiskStore(tmp / "kc-groups")]))
+    kt.set_cache(None)
+    os.environ[kt.ENV_DIR] = str(tmp / "kc-groups")  # pinned + disk, as Triton users get it
     os.environ["TRITON_CACHE_DIR"] = str(tmp / "triton-groups")
     kernel = triton.compile(triton_kernels.source("add"), target=triton_kernels.TARGET)
     files = {c: Path(p).read_bytes() for c, p in kernel.metadata_group.items()}
@@ -136,10 +156,11 @@ def bench_groups(tmp: Path, rounds: int) -> None:
         m = cls(key)
         m.get_group("add_kernel.json")
         m.put_group("add_kernel.json", {c: m.put(d, c) for c, d in files.items()})
+    time.sleep(2.1)  # as a later process finds the files (see bench_warm_compile)
     ours, peer = interleaved(put(kt.CacheManager), put(FileCacheManager), rounds)
     row("group put", ours, peer, "FileCacheManager")
     ours, peer = interleaved(get(kt.CacheManager, key), get(FileCacheManager, key), rounds)
-    row("group get + read files (disk tier)", ours, peer, "FileCacheManager")
+    row("group get + read files (pinned + disk)", ours, peer, "FileCacheManager")
 
 
 def interleaved(
@@ -184,6 +205,58 @@ def bench_handles(tmp: Path, rounds: int) -> None:
     use_manager(None)
 
 
+def bench_stampede(tmp: Path, counts: list[int], variants: int) -> None:
+    """N spawned processes, barrier-aligned, compiling the same variants into one fresh cache."""
+    print(f"Stampede: N processes compile the same {variants} kernel variants at once")
+    print("  (compiles counted by tl.static_print; wall: barrier to the last process done)")
+    print(f"  {'N':>2}  {'manager':<18} {'compiles/variant':>16} {'max':>4} {'wall s':>8}")
+    stampede = str(HERE.parent / "tests" / "triton_stampede.py")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "KERNELCACHE_"))}
+    base.update(
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), str(HERE.parent / "tests")]),
+        TRITON_DEFAULT_FP_FUSION="1",
+    )
+    for n in counts:
+        walls = {}
+        for label, manager in (("Triton (File)", None), ("kernelcache", KC_MANAGER)):
+            folder = tmp / f"stampede-{n}-{len(walls)}"
+            env = {**base, "TRITON_HOME": str(folder / "home")}
+            env["TRITON_CACHE_DIR"] = str(folder / "cache")
+            if manager is not None:
+                env["TRITON_CACHE_MANAGER"] = manager
+            opts = {
+                "variants": list(range(1, variants + 1)),
+                "barrier": str(folder / "barrier"),
+                "parties": n,
+            }
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, stampede, json.dumps(opts)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(n)
+            ]
+            results = []
+            for proc in procs:
+                out, err = proc.communicate(timeout=900)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"stampede worker failed: {err[-2000:]}")
+                results.append(json.loads(out.splitlines()[0]))
+            per_variant = [
+                sum(r["variants"][str(v)]["compiles"] for r in results) for v in opts["variants"]
+            ]
+            walls[label] = max(r["seconds"] for r in results)
+            print(
+                f"  {n:>2}  {label:<18} {sum(per_variant) / variants:>16.2f} "
+                f"{max(per_variant):>4} {walls[label]:>8.2f}"
+            )
+        ratio = walls["kernelcache"] / walls["Triton (File)"]
+        print(f"  {n:>2}  wall ratio kernelcache / Triton: {ratio:.2f}")
+
+
 SCALE = 3
 
 
@@ -197,14 +270,27 @@ def _small(n: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds; stampede with N = 2, 4 x 4 variants"
+    )
+    parser.add_argument(
+        "--only", choices=["warm", "groups", "handles", "stampede"], help="run one part"
+    )
     args = parser.parse_args()
     rounds = 11 if args.quick else 201
+    counts, variants = ([2, 4], 4) if args.quick else ([2, 4, 8], 8)
     print(f"triton {triton.__version__}, python {sys.version.split()[0]}, {rounds} rounds")
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    parts: dict[str, Callable[[Path], None]] = {
+        "warm": lambda tmp: bench_warm_compile(tmp, rounds),
+        "groups": lambda tmp: bench_groups(tmp, rounds),
+        "handles": lambda tmp: bench_handles(tmp, rounds),
+        "stampede": lambda tmp: bench_stampede(tmp, counts, variants),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
-        bench_warm_compile(Path(tmp), rounds)
-        bench_groups(Path(tmp), rounds)
-        bench_handles(Path(tmp), rounds)
+        for name, part in parts.items():
+            if args.only in (None, name):
+                part(Path(tmp))
 
 
 if __name__ == "__main__":
