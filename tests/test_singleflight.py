@@ -170,6 +170,8 @@ def test_claim_publish_and_abandon(cache: Cache) -> None:
     stored = claim.publish(b"compiled", seconds=1.5)
     waiter.join(10)
     assert not claim.leads and other[0].entry["data"] == b"compiled"
+    # The waiter got the entry as stored: its files lie inside the disk tier.
+    assert Path(other[0].entry.path("data")).is_relative_to(cache.tiers[1].path)
     assert stored.key == "k" and stored.meta["compile_seconds"] == 1.5
     assert cache.compile_stats()["compile_seconds"] == 1.5
     with pytest.raises(RuntimeError, match="nothing to publish"):

@@ -67,15 +67,6 @@ class Flight:
         self.done = threading.Event()
         self.entry: Entry | None = None  # None when done: the leader failed
 
-    def publish(self, entry: Entry) -> None:
-        """Hand the compiled entry to the waiters now, before it is stored.
-
-        Threads of this process need not wait for the disk write; callers
-        arriving until the flight lands get the entry from it too.
-        """
-        self.entry = entry
-        self.done.set()
-
     def extend(self) -> None:
         """The leader started compiling: give waiters a full timeout for the compile itself."""
         self.deadline = time.monotonic() + self.timeout
@@ -119,7 +110,7 @@ class Flights:
         return flight, False
 
     def land(self, key: str, flight: Flight, entry: Entry | None) -> None:
-        """End the leader's flight and wake its waiters if :meth:`Flight.publish` did not."""
+        """End the leader's flight, handing its waiters ``entry`` (``None``: it failed)."""
         with self._lock:
             if self._flights.get(key) is flight:
                 del self._flights[key]
@@ -265,9 +256,9 @@ class Claim:
         try:
             elapsed = time.perf_counter() - self._started if seconds is None else seconds
             entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
-            if self._flight is not None:
-                self._flight.publish(entry)
             self._owner.events.compiled(elapsed)
+            # Waiters get the entry as stored (its path() files inside the disk
+            # tier), after the write: a few hundred microseconds next to a compile.
             entry = self._owner.store(self.key, entry)
             self.entry = entry
         finally:
