@@ -1,0 +1,249 @@
+"""redis-py clients whose every call ends by one deadline, whatever the server does.
+
+redis-py's ``socket_timeout`` bounds each socket read on its own: a server that
+trickles its reply (a few bytes every 100 ms) never trips it, and one get cost
+7.3 s while the circuit breaker never opened. Here the connections of a client
+wrap their socket so that every connect, send and read of a *call* fits in what
+is left of that call's deadline, and so that a reply longer than the call
+expects is cut off (a 256 MiB value where a record of at most a few MiB belongs).
+
+:func:`begin` starts a call on this thread (``deadline`` from
+``time.monotonic()``, ``limit`` bytes or ``None``); :func:`end` finishes it.
+Outside a call the sockets behave exactly like redis-py's own.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kernelcache.errors import ConfigError
+
+#: A socket timeout may overshoot the deadline by this much before it is lowered
+#: (each change is a system call; a healthy call needs none).
+SLACK = 0.01
+
+
+class ReplyTooLarge(Exception):
+    """The server sent more bytes than the call allows; the connection is dropped.
+
+    Not an ``OSError``, so redis-py neither retries it nor calls the server
+    unreachable: it closes the connection and lets it through.
+    """
+
+
+class _Call(threading.local):
+    deadline: float | None = None
+    limit: int | None = None
+    received = 0
+
+
+_call = _Call()
+
+
+def begin(deadline: float, limit: int | None) -> None:
+    _call.deadline = deadline
+    _call.limit = limit
+    _call.received = 0
+
+
+def end() -> None:
+    _call.deadline = None
+    _call.limit = None
+
+
+def _remaining() -> float | None:
+    deadline = _call.deadline
+    if deadline is None:
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("the call's deadline passed")  # socket.timeout: redis-py's timeout
+    return remaining
+
+
+class DeadlineSocket:
+    """A connected socket whose reads and writes respect the current call's deadline.
+
+    Timeouts set by redis-py itself (``settimeout(0)`` to poll) are kept; the
+    socket's timeout is only lowered when the call has less time left than it.
+    """
+
+    __slots__ = ("_lowered", "_sock", "_timeout")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._timeout = sock.gettimeout()
+        self._lowered = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def settimeout(self, value: float | None) -> None:
+        self._sock.settimeout(value)
+        self._timeout = value
+        self._lowered = False
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _fit(self) -> None:
+        remaining = _remaining()
+        if remaining is None:
+            return
+        current = self._timeout
+        if current is None or current > remaining + SLACK:
+            self._sock.settimeout(remaining)
+            self._timeout = remaining
+            self._lowered = True
+        elif self._lowered and current < remaining - SLACK:
+            # Lowered for an earlier call that ended in time: give this one its own.
+            self._sock.settimeout(remaining)
+            self._timeout = remaining
+
+    def _count(self, n: int) -> None:
+        limit = _call.limit
+        if limit is not None:
+            _call.received += n
+            if _call.received > limit:
+                raise ReplyTooLarge(f"reply exceeds the {limit} bytes this call allows")
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        self._fit()
+        data = self._sock.recv(size, flags)
+        self._count(len(data))
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._fit()
+        n = self._sock.recv_into(buffer, nbytes, flags)
+        self._count(n)
+        return n
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        self._fit()
+        self._sock.sendall(data, flags)
+
+
+class _DeadlineConnect:
+    """Mixed into a redis-py connection class: connect within the call's deadline."""
+
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> Any:
+        remaining = _remaining()
+        if remaining is not None:
+            self.socket_connect_timeout = min(self.socket_timeout or remaining, remaining)
+        return DeadlineSocket(super()._connect())  # type: ignore[misc]
+
+
+def _classes() -> dict[type, type]:
+    import redis.connection as rc
+
+    bases = (rc.Connection, rc.SSLConnection, rc.UnixDomainSocketConnection)
+    return {base: type(f"Bounded{base.__name__}", (_DeadlineConnect, base), {}) for base in bases}
+
+
+_BOUNDED: dict[type, type] = {}
+
+
+def errors() -> tuple[tuple[type[BaseException], ...], type[BaseException], type[BaseException]]:
+    """``(unreachable, timeout, any)`` error classes of redis-py, as the guard sorts them."""
+    import redis.exceptions as rx
+
+    # InvalidResponse: whatever listens there does not speak Redis, as good as
+    # down. RedisClusterException: no node could be reached to learn the
+    # topology; ClusterDownError: the cluster cannot serve the slot.
+    unreachable = (
+        rx.ConnectionError,
+        rx.TimeoutError,
+        rx.InvalidResponse,
+        rx.RedisClusterException,
+        rx.ClusterDownError,
+    )
+    return unreachable, rx.TimeoutError, rx.RedisError
+
+
+def factory(url: str, timeout: float, *, cluster: bool, replicas: bool) -> Any:
+    """A function making the redis-py client for ``url`` (tried once per call, no retries).
+
+    Making a cluster client talks to the cluster, so the guard makes it on
+    first use, inside a call with a deadline, not in the store's constructor.
+    """
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.connection import Connection, parse_url
+        from redis.retry import Retry
+
+        parse: Callable[[str], dict[str, Any]] = parse_url
+    except ImportError as exc:
+        raise ConfigError(
+            "the Redis tier needs redis-py: pip install 'kernelcache[redis]'"
+        ) from exc
+    if not _BOUNDED:
+        _BOUNDED.update(_classes())
+    try:
+        options = parse(url)
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis URL: {exc}") from exc
+    base = options.pop("connection_class", Connection)
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "connection_class": _BOUNDED[base],
+        "decode_responses": False,
+    }
+    if not cluster:
+        # redis-py retries 3 times with backoff by default: that multiplies the
+        # cost of a dead server; the circuit breaker decides instead.
+        retry = Retry(NoBackoff(), 0, ())
+
+        def single() -> Any:
+            return redis.Redis(
+                connection_pool=redis.ConnectionPool(**options, **common, retry=retry)
+            )
+
+        return single
+    if options.pop("db", 0) != 0:
+        raise ConfigError("a Redis Cluster has only database 0: drop the /N from the URL")
+    if "path" in options:
+        raise ConfigError("a Redis Cluster is reached over TCP, not a unix socket")
+    return _cluster_factory(options, common, replicas)
+
+
+def _cluster_factory(options: dict[str, Any], common: dict[str, Any], replicas: bool) -> Any:
+    from redis.backoff import NoBackoff
+    from redis.cluster import RedisCluster
+    from redis.retry import Retry
+
+    extra: dict[str, Any] = {}
+    if replicas:
+        from redis.cluster import LoadBalancingStrategy
+
+        extra["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN
+
+    def cluster() -> Any:
+        # One retry after the client refreshed the topology (a failover moved
+        # the slot); the call's deadline bounds both tries together.
+        return RedisCluster(
+            **options,
+            **common,
+            **extra,
+            retry=Retry(NoBackoff(), 1),
+            require_full_coverage=False,
+        )
+
+    return cluster
+
+
+def nodes(client: Any) -> list[Any]:
+    """One plain client per primary: SCAN works node by node in a cluster."""
+    get_primaries = getattr(client, "get_primaries", None)
+    if get_primaries is None:
+        return [client]
+    return [client.get_redis_connection(node) for node in get_primaries()]
