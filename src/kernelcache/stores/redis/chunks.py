@@ -91,6 +91,7 @@ def read(
         expected = len(names) * manifest.chunk_size
         replies = guard.pipeline(
             _queue(names, command),
+            key=names[0],
             limit=expected + REPLY_FRAMING * len(names),
             moving=expected,
         )
@@ -110,7 +111,8 @@ def write(guard: Guard, base: str, payload: bytes, chunk_size: int, staging_ms: 
     per_call = max(1, CALL_BYTES // chunk_size)
     for first in range(0, len(chunks), per_call):
         batch = {f"{base}{i}": chunks[i] for i in range(first, min(first + per_call, len(chunks)))}
-        guard.pipeline(_queue_sets(batch, staging_ms), moving=sum(map(len, batch.values())))
+        moving = sum(map(len, batch.values()))
+        guard.pipeline(_queue_sets(batch, staging_ms), key=next(iter(batch)), moving=moving)
     return len(chunks)
 
 

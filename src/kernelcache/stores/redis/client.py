@@ -17,6 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -209,14 +210,18 @@ def factory(url: str, timeout: float, *, cluster: bool, replicas: bool) -> Any:
             )
 
         return single
-    if options.pop("db", 0) != 0:
+    if options.get("db", 0) != 0:
         raise ConfigError("a Redis Cluster has only database 0: drop the /N from the URL")
     if "path" in options:
         raise ConfigError("a Redis Cluster is reached over TCP, not a unix socket")
-    return _cluster_factory(options, common, replicas)
+    # RedisCluster passes connection_class to the nodes' pools only when given a
+    # URL, and a rediss:// URL would replace it with its own: the scheme goes,
+    # the bounded TLS class stays.
+    plain = urllib.parse.urlsplit(url)._replace(scheme="redis").geturl()
+    return _cluster_factory(plain, common, replicas)
 
 
-def _cluster_factory(options: dict[str, Any], common: dict[str, Any], replicas: bool) -> Any:
+def _cluster_factory(url: str, common: dict[str, Any], replicas: bool) -> Any:
     from redis.backoff import NoBackoff
     from redis.cluster import RedisCluster
     from redis.retry import Retry
@@ -231,7 +236,7 @@ def _cluster_factory(options: dict[str, Any], common: dict[str, Any], replicas: 
         # One retry after the client refreshed the topology (a failover moved
         # the slot); the call's deadline bounds both tries together.
         return RedisCluster(
-            **options,
+            url=url,
             **common,
             **extra,
             retry=Retry(NoBackoff(), 1),
@@ -241,9 +246,25 @@ def _cluster_factory(options: dict[str, Any], common: dict[str, Any], replicas: 
     return cluster
 
 
-def nodes(client: Any) -> list[Any]:
-    """One plain client per primary: SCAN works node by node in a cluster."""
+def nodes(client: Any) -> list[tuple[str | None, Any]]:
+    """``(node name, plain client)`` per primary (SCAN works node by node in a cluster).
+
+    A single server is one node without a name.
+    """
     get_primaries = getattr(client, "get_primaries", None)
     if get_primaries is None:
-        return [client]
-    return [client.get_redis_connection(node) for node in get_primaries()]
+        return [(None, client)]
+    return [(str(node.name), client.get_redis_connection(node)) for node in get_primaries()]
+
+
+def node_of(client: Any, key: str) -> str | None:
+    """The name of the cluster node serving ``key`` now; ``None`` for a single server."""
+    get_node = getattr(client, "get_node_from_key", None)
+    if get_node is None:
+        return None
+    from redis.exceptions import RedisClusterException
+
+    try:
+        return str(get_node(key).name)
+    except RedisClusterException:
+        return None  # the slot has no known owner: the cluster as a whole decides

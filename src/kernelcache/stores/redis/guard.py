@@ -38,6 +38,11 @@ class Guard:
     inside that call's deadline, because a cluster client talks to the
     cluster as it is made. Failures count in ``counters`` (``errors``,
     ``timeouts``, ``skipped``, ``breaker_trips``).
+
+    In a cluster each node has its own circuit breaker (``make_breaker``
+    makes them): a call about a key goes through the breaker of the node
+    serving it, so one dead node does not switch off the healthy ones.
+    ``breaker`` guards what concerns no one node (reaching the cluster at all).
     """
 
     def __init__(
@@ -48,9 +53,13 @@ class Guard:
         breaker: CircuitBreaker,
         counters: Counters,
         label: str,
+        make_breaker: Callable[[], CircuitBreaker] | None = None,
     ) -> None:
         self.timeout = timeout
         self.breaker = breaker
+        #: Breakers of cluster nodes, by node name ("host:port").
+        self.node_breakers: dict[str, CircuitBreaker] = {}
+        self._make_breaker = make_breaker
         self.counters = counters
         self.label = label
         self._make_client = make_client
@@ -62,13 +71,24 @@ class Guard:
     def __repr__(self) -> str:
         return self.label
 
-    def call(self, fn: Callable[[Any], T], *, limit: int | None = None, moving: int = 0) -> T:
+    def call(
+        self,
+        fn: Callable[[Any], T],
+        *,
+        key: str | None = None,
+        node: str | None = None,
+        limit: int | None = None,
+        moving: int = 0,
+    ) -> T:
         """``fn(client)`` within one deadline; a reply over ``limit`` bytes is refused.
 
-        ``moving``: bytes the call sends or receives on purpose (chunks), which
-        extend the deadline at :data:`TRANSFER_FLOOR` bytes per second.
+        ``key`` (a Redis key name the call is about) or ``node`` (a node name)
+        picks the cluster node's breaker. ``moving``: bytes the call sends or
+        receives on purpose (chunks), which extend the deadline at
+        :data:`TRANSFER_FLOOR` bytes per second.
         """
-        if not self.breaker.allow():
+        breaker = self._breaker(key, node)
+        if not breaker.allow():
             self.counters.add("skipped")
             raise StoreError(f"{self.label}: skipped, circuit open after repeated failures")
         deadline = time.monotonic() + self.timeout + moving / TRANSFER_FLOOR
@@ -77,19 +97,32 @@ class Guard:
             client = self._client if self._client is not None else self._connect()
             result = fn(client)
         except rc.ReplyTooLarge as exc:  # the server answered: it is not down
-            self.breaker.record_success()
+            breaker.record_success()
             raise OversizedReply(f"{self.label}: {exc}") from exc
         except self._unreachable as exc:
-            self._failed(exc, timed_out=time.monotonic() >= deadline)
+            self._failed(breaker, exc, timed_out=time.monotonic() >= deadline)
             raise StoreError(f"{self.label}: {type(exc).__name__}: {exc}") from exc
         except self._any_error as exc:  # an error reply: the server is up
             self.counters.add("errors")
-            self.breaker.record_success()
+            breaker.record_success()
             raise StoreError(f"{self.label}: {type(exc).__name__}: {exc}") from exc
         finally:
             rc.end()
-        self.breaker.record_success()
+        breaker.record_success()
         return result
+
+    def _breaker(self, key: str | None, node: str | None) -> CircuitBreaker:
+        if self._make_breaker is None or self._client is None:
+            return self.breaker
+        if node is None and key is not None:
+            node = rc.node_of(self._client, key)
+        if node is None:
+            return self.breaker
+        breaker = self.node_breakers.get(node)
+        if breaker is None:
+            with self._lock:
+                breaker = self.node_breakers.setdefault(node, self._make_breaker())
+        return breaker
 
     def _connect(self) -> Any:
         with self._lock:
@@ -97,20 +130,23 @@ class Guard:
                 self._client = self._make_client()
             return self._client
 
-    def _failed(self, exc: BaseException, timed_out: bool) -> None:
+    def _failed(self, breaker: CircuitBreaker, exc: BaseException, timed_out: bool) -> None:
         self.counters.add("errors")
         if timed_out or isinstance(exc, self._timeout_error):
             self.counters.add("timeouts")
-        if self.breaker.record_failure():
+        if breaker.record_failure():
             self.counters.add("breaker_trips")
 
     # Conveniences shared by the store and the lease --------------------------------
     def command(self, *args: Any, limit: int | None = None) -> Any:
-        return self.call(lambda client: client.execute_command(*args), limit=limit)
+        """``args[0]`` on key ``args[1]``."""
+        return self.call(lambda client: client.execute_command(*args), key=args[1], limit=limit)
 
     def run_script(self, lua: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a Lua script (EVALSHA, loading it where the server lacks it)."""
-        return self.call(lambda client: self._script(client, lua)(list(keys), list(args)))
+        return self.call(
+            lambda client: self._script(client, lua)(list(keys), list(args)), key=keys[0]
+        )
 
     def _script(self, client: Any, lua: str) -> Any:
         script = self._scripts.get(lua)
@@ -129,22 +165,25 @@ class Guard:
         limit: int | None = None,
         moving: int = 0,
         raise_on_error: bool = True,
-        client: Any = None,
+        key: str | None = None,
+        node: tuple[str | None, Any] | None = None,
     ) -> list[Any]:
         """Queue commands with ``build(pipe)`` and run them as one call (no transaction).
 
-        ``client``: a node's client from :meth:`nodes` instead of the main one.
+        ``key``: a key the commands are about (they share its slot); ``node``:
+        a ``(name, client)`` from :meth:`nodes`, to run on that node alone.
         """
 
         def run(main: Any) -> list[Any]:
-            pipe = (client or main).pipeline(transaction=False)
+            pipe = (node[1] if node else main).pipeline(transaction=False)
             build(pipe)
             return list(pipe.execute(raise_on_error))
 
-        return self.call(run, limit=limit, moving=moving)
+        name = node[0] if node else None
+        return self.call(run, key=key, node=name, limit=limit, moving=moving)
 
-    def nodes(self) -> list[Any]:
-        """A plain client per primary node (one for a single server)."""
+    def nodes(self) -> list[tuple[str | None, Any]]:
+        """``(name, plain client)`` per primary node (one, unnamed, for a single server)."""
         return self.call(rc.nodes)
 
     def close(self) -> None:

@@ -175,7 +175,16 @@ class RedisStore(Store):
             url, timeout, cluster=self.cluster, replicas=options.get("replicas", False)
         )
         self.guard = Guard(
-            make, timeout=timeout, breaker=self.breaker, counters=self.counters, label=repr(self)
+            make,
+            timeout=timeout,
+            breaker=self.breaker,
+            counters=self.counters,
+            label=repr(self),
+            make_breaker=(
+                (lambda: CircuitBreaker(breaker_threshold, breaker_cooldown))
+                if self.cluster
+                else None
+            ),
         )
 
     def __repr__(self) -> str:
@@ -352,18 +361,19 @@ class RedisStore(Store):
         return RedisLease(self.guard, self._layout.lock(key), lease=self.lease)
 
     # Listing: SCAN node by node, never KEYS (it blocks a server for its whole keyspace)
-    def _scan_names(self) -> Iterator[tuple[Any, list[str]]]:
+    def _scan_names(self) -> Iterator[tuple[tuple[str | None, Any], list[str]]]:
         for node in self.guard.nodes():
             cursor = 0
             while True:
-                cursor, names = self.guard.call(self._scan_page(node, cursor))
+                page = self._scan_page(node[1], cursor)
+                cursor, names = self.guard.call(page, node=node[0])
                 yield node, [k for k in map(self._layout.key_of, names) if k is not None]
                 if cursor == 0:
                     break
 
-    def _scan_page(self, node: Any, cursor: int) -> Any:
+    def _scan_page(self, client: Any, cursor: int) -> Any:
         pattern = self._layout.entry_pattern
-        return lambda _client: node.scan(cursor, pattern, _SCAN_COUNT)
+        return lambda _main: client.scan(cursor, pattern, _SCAN_COUNT)
 
     def keys(self) -> Iterator[str]:
         for _node, batch in self._scan_names():
@@ -372,7 +382,7 @@ class RedisStore(Store):
     def scan(self) -> Iterator[EntryInfo]:
         for node, batch in self._scan_names():
             names = [self._layout.entry(key) for key in batch]
-            replies = self.guard.pipeline(_describe(names), raise_on_error=False, client=node)
+            replies = self.guard.pipeline(_describe(names), raise_on_error=False, node=node)
             now = time.time()
             for i, key in enumerate(batch):
                 info = _entry_info(key, now, *replies[3 * i : 3 * i + 3])
@@ -380,9 +390,11 @@ class RedisStore(Store):
                     yield info
 
     def stats(self) -> dict[str, Any]:
+        open_nodes = [n for n, b in self.guard.node_breakers.items() if b.state != "closed"]
         return {
             **super().stats(),
             "breaker": self.breaker.state,
+            "open_nodes": sorted(open_nodes),
             "url": self._shown_url,
             "namespace": self.namespace,
             "cluster": self.cluster,
