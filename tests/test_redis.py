@@ -123,6 +123,44 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
     cache.close()
 
 
+def test_a_restarted_server_costs_no_error_on_the_hit_path(own_redis: RedisServer, ns: str) -> None:
+    store = RedisStore(own_redis.url, namespace=ns)
+    entry = _cubin()
+    store.put("k", entry)
+    assert store.get("k") == entry  # this thread's connection is open now
+    own_redis.kill()
+    own_redis.restart()  # empty; the connection above is dead and does not know it yet
+    store.put("k", entry)
+    assert store.get("k") == entry  # reconnected once, within the call's deadline
+    assert store.counters.errors == 0
+
+
+def _get_in_child(store: RedisStore, queue: Any) -> None:
+    entry = store.get("k")
+    queue.put(None if entry is None else entry["kernel.cubin"])
+
+
+def test_a_forked_child_uses_a_connection_of_its_own(redis_server: RedisServer, ns: str) -> None:
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    store = RedisStore(redis_server.url, namespace=ns)
+    entry = _cubin()
+    store.put("k", entry)
+    assert store.get("k") == entry
+    queue = fork.Queue()
+    children = [fork.Process(target=_get_in_child, args=(store, queue)) for _ in range(3)]
+    for child in children:
+        child.start()
+    for _ in range(20):
+        assert store.get("k") == entry  # the parent's connection is not shared with them
+    results = [queue.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    assert results == [entry["kernel.cubin"]] * 3
+    assert [child.exitcode for child in children] == [0, 0, 0]
+
+
 def test_hung_redis_costs_at_most_the_timeout_per_call(own_redis: RedisServer, ns: str) -> None:
     timeout = 0.2
     remote = RedisStore(

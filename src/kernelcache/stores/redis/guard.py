@@ -64,6 +64,8 @@ class Guard:
         self.label = label
         self._make_client = make_client
         self._client: Any = None
+        self._execute: Callable[..., Any] = _not_connected
+        self._close_execute: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._scripts: dict[str, Any] = {}
         self._unreachable, self._timeout_error, self._any_error = rc.errors()
@@ -127,7 +129,9 @@ class Guard:
     def _connect(self) -> Any:
         with self._lock:
             if self._client is None:
-                self._client = self._make_client()
+                client = self._make_client()
+                self._execute, self._close_execute = rc.executor(client)
+                self._client = client
             return self._client
 
     def _failed(self, breaker: CircuitBreaker, exc: BaseException, timed_out: bool) -> None:
@@ -139,8 +143,8 @@ class Guard:
 
     # Conveniences shared by the store and the lease --------------------------------
     def command(self, *args: Any, limit: int | None = None) -> Any:
-        """``args[0]`` on key ``args[1]``."""
-        return self.call(lambda client: client.execute_command(*args), key=args[1], limit=limit)
+        """``args[0]`` on key ``args[1]``, on this thread's own connection (the hit path)."""
+        return self.call(lambda _client: self._execute(*args), key=args[1], limit=limit)
 
     def run_script(self, lua: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a Lua script (EVALSHA, loading it where the server lacks it)."""
@@ -190,4 +194,9 @@ class Guard:
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
+            self._close_execute()
             client.close()
+
+
+def _not_connected(*args: Any) -> Any:
+    raise RuntimeError("a guarded call runs its command after the client is made")
