@@ -172,7 +172,7 @@ def seal(name: bytes, flags: int, size: int, body: bytes, signer: Signer | None)
     return b"".join((body, signer.mac(name, body, tail), tail))
 
 
-def open_record(name: bytes, raw: bytes, signer: Signer | None) -> Record:
+def open_record(name: bytes, raw: bytes | bytearray, signer: Signer | None) -> Record:
     """Parse a record read from key ``name``; with ``signer``, its MAC must be valid.
 
     Raises :class:`ForgedEntry` for a missing or wrong signature,

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import Counters
 from kernelcache.stores.redis import client as rc
+from kernelcache.stores.redis import wire
 from kernelcache.stores.redis.breaker import CircuitBreaker
 
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class Guard:
         counters: Counters,
         label: str,
         make_breaker: Callable[[], CircuitBreaker] | None = None,
+        replicas: bool = False,
     ) -> None:
         self.timeout = timeout
         self.breaker = breaker
@@ -64,7 +66,8 @@ class Guard:
         self.label = label
         self._make_client = make_client
         self._client: Any = None
-        self._execute: Callable[..., Any] = _not_connected
+        self._replicas = replicas
+        self._get: Callable[..., Any] = _not_connected
         self._close_execute: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._scripts: dict[str, Any] = {}
@@ -94,11 +97,11 @@ class Guard:
             self.counters.add("skipped")
             raise StoreError(f"{self.label}: skipped, circuit open after repeated failures")
         deadline = time.monotonic() + self.timeout + moving / TRANSFER_FLOOR
-        rc.begin(deadline, limit)
+        wire.begin(deadline, limit)
         try:
             client = self._client if self._client is not None else self._connect()
             result = fn(client)
-        except rc.ReplyTooLarge as exc:  # the server answered: it is not down
+        except wire.ReplyTooLarge as exc:  # the server answered: it is not down
             breaker.record_success()
             raise OversizedReply(f"{self.label}: {exc}") from exc
         except self._unreachable as exc:
@@ -109,7 +112,7 @@ class Guard:
             breaker.record_success()
             raise StoreError(f"{self.label}: {type(exc).__name__}: {exc}") from exc
         finally:
-            rc.end()
+            wire.end()
         breaker.record_success()
         return result
 
@@ -130,7 +133,7 @@ class Guard:
         with self._lock:
             if self._client is None:
                 client = self._make_client()
-                self._execute, self._close_execute = rc.executor(client)
+                self._get, self._close_execute = rc.getter(client, replicas=self._replicas)
                 self._client = client
             return self._client
 
@@ -142,9 +145,13 @@ class Guard:
             self.counters.add("breaker_trips")
 
     # Conveniences shared by the store and the lease --------------------------------
+    def get(self, *args: Any, limit: int | None = None) -> Any:
+        """GET or GETEX (``args``) of key ``args[1]``: the hit path (``wire.ThreadConnections``)."""
+        return self.call(lambda _client: self._get(*args), key=args[1], limit=limit)
+
     def command(self, *args: Any, limit: int | None = None) -> Any:
-        """``args[0]`` on key ``args[1]``, on this thread's own connection (the hit path)."""
-        return self.call(lambda _client: self._execute(*args), key=args[1], limit=limit)
+        """``args[0]`` on key ``args[1]``."""
+        return self.call(lambda client: client.execute_command(*args), key=args[1], limit=limit)
 
     def run_script(self, lua: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run a Lua script (EVALSHA, loading it where the server lacks it)."""

@@ -180,6 +180,7 @@ class RedisStore(Store):
             breaker=self.breaker,
             counters=self.counters,
             label=repr(self),
+            replicas=options.get("replicas", False),
             make_breaker=(
                 (lambda: CircuitBreaker(breaker_threshold, breaker_cooldown))
                 if self.cluster
@@ -203,7 +204,7 @@ class RedisStore(Store):
             return None
         for _attempt in range(_READ_ATTEMPTS):
             try:
-                raw = self.guard.command(*self._read_args(name), limit=_RECORD_REPLY)
+                raw = self.guard.get(*self._read_args(name), limit=_RECORD_REPLY)
             except OversizedReply as exc:
                 self._refuse(key, None, fmt.OversizedEntry(str(exc), deletable=True))
                 return None
@@ -223,15 +224,17 @@ class RedisStore(Store):
         self.counters.misses += 1  # replaced faster than we could read it, three times over
         return None
 
-    def _decode(self, key: str, name: str, raw: bytes) -> tuple[Entry, int]:
+    def _decode(self, key: str, name: str, raw: bytes | bytearray) -> tuple[Entry, int]:
         record = fmt.open_record(name.encode(), raw, self._signer)
         if not record.flags & fmt.CHUNKED:
             fmt.check_size(record, record.end, self.max_entry_size)
-            if not record.flags & fmt.ZSTD:  # the common case: no copy but the artifacts
+            body = memoryview(raw)[: record.end]
+            if record.flags & fmt.ZSTD:
+                return Entry.unpack(fmt.decompress(body, record.size), key), len(raw)
+            if isinstance(raw, bytes):  # small replies: the artifacts are sliced out of it
                 return fmt.unpack_prefix(raw, record.end, key), len(raw)
-            payload = fmt.decompress(memoryview(raw)[: record.end], record.size)
-            return Entry.unpack(payload, key), len(raw)
-        manifest = fmt.Manifest.decode(raw[: record.end])
+            return Entry.unpack(body, key), len(raw)  # large ones: copied once out of the buffer
+        manifest = fmt.Manifest.decode(bytes(raw[: record.end]))
         manifest.check(self.max_entry_size)
         fmt.check_size(record, manifest.stored, self.max_entry_size)
         payload = self._read_chunks(key, name, raw, manifest)
@@ -239,11 +242,13 @@ class RedisStore(Store):
             payload = fmt.decompress(payload, record.size)
         return Entry.unpack(payload, key), len(raw) + manifest.stored
 
-    def _read_chunks(self, key: str, name: str, raw: bytes, manifest: fmt.Manifest) -> bytes:
+    def _read_chunks(
+        self, key: str, name: str, raw: bytes | bytearray, manifest: fmt.Manifest
+    ) -> bytes:
         base = f"{self._layout.chunk_base(key)}{manifest.write_id}:"
         parts = chunks.read(self.guard, base, manifest, self._read_args)
         if parts is None:
-            if self.guard.command("GET", name, limit=_RECORD_REPLY) != raw:
+            if self.guard.get("GET", name, limit=_RECORD_REPLY) != raw:
                 raise _Replaced
             raise CorruptEntry("chunks of the entry are gone (expired or evicted by Redis)")
         payload = b"".join(parts)
@@ -255,7 +260,7 @@ class RedisStore(Store):
             raise CorruptEntry("chunks fail the manifest's digest")
         return payload
 
-    def _refuse(self, key: str, raw: bytes | None, exc: CorruptEntry) -> None:
+    def _refuse(self, key: str, raw: bytes | bytearray | None, exc: CorruptEntry) -> None:
         """Count a value that is not a hit; delete it or remember it as bad."""
         self.counters.misses += 1
         name = self._layout.entry(key)
@@ -278,7 +283,7 @@ class RedisStore(Store):
                 pass  # counted; remembered below, and the next put overwrites it anyway
         self.bad.add(name)
 
-    def _delete_bad(self, key: str, name: str, raw: bytes | None) -> None:
+    def _delete_bad(self, key: str, name: str, raw: bytes | bytearray | None) -> None:
         if raw is None:  # never read whole: drop it while it is still too long to be ours
             self.guard.run_script(chunks.DROP_LONGER_LUA, [name], [fmt.MAX_RECORD])
             return
