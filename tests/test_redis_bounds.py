@@ -20,7 +20,7 @@ from kernelcache.errors import StoreError
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
-from kernelcache.stores.redis.store import BadValues
+from kernelcache.stores.redis.badvalues import BadValues
 from redis_proxy import MisbehavingProxy
 from redis_server import RedisServer, unique_namespace
 

@@ -10,8 +10,8 @@ deadline, reply cap) over the bounded connections of ``client.py``;
 
 from __future__ import annotations
 
+from kernelcache.stores.redis.badvalues import BAD_SECONDS
 from kernelcache.stores.redis.store import (
-    BAD_SECONDS,
     GRACE_SECONDS,
     MAX_CHUNKS,
     STAGING_SECONDS,

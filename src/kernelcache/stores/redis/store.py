@@ -9,25 +9,24 @@ Concurrency contract: a reader sees no entry or a complete one (chunks are
 published by one Lua script; see ``chunks.py``). A value that is not a
 whole, valid record is never returned: it is counted, and then deleted when
 no writer could have made it, or otherwise remembered for
-:data:`BAD_SECONDS` so the next lookup does not pay for it again.
+:data:`~kernelcache.stores.redis.badvalues.BAD_SECONDS` so the next lookup does not pay for it again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import Counters, EntryInfo, FlightLock, Store, bound, validate_key
-from kernelcache.stores.redis import chunks
+from kernelcache.stores.redis import chunks, listing
 from kernelcache.stores.redis import client as redis_client
 from kernelcache.stores.redis import config as redis_config
 from kernelcache.stores.redis import format as fmt
+from kernelcache.stores.redis.badvalues import BadValues
 from kernelcache.stores.redis.breaker import CircuitBreaker
 from kernelcache.stores.redis.guard import Guard, OversizedReply
 from kernelcache.stores.redis.layout import Layout
@@ -39,11 +38,6 @@ STAGING_SECONDS = 3600.0
 GRACE_SECONDS = 60.0
 #: Replacing a manifest expires at most this many old chunks (a forged one may claim more).
 MAX_CHUNKS = 65_536
-#: A bad value that is left in place (forged, over this reader's limits, or the tier
-#: is read-only) is not looked up again for this long.
-BAD_SECONDS = 300.0
-_BAD_MAX = 4096
-_SCAN_COUNT = 1000
 _READ_ATTEMPTS = 3
 _RECORD_REPLY = fmt.MAX_RECORD + chunks.REPLY_FRAMING
 
@@ -71,38 +65,6 @@ class RedisCounters(Counters):
     forged: int  # values whose signature was missing or wrong
     oversized: int  # values over the limits, refused before reading or inflating them
     unverifiable: int  # signed values met without the secret: unreadable, left alone
-
-
-class BadValues:
-    """Names of values left in place that lookups skip for a while (thread-safe, bounded)."""
-
-    def __init__(self, seconds: float = BAD_SECONDS, limit: int = _BAD_MAX) -> None:
-        self.seconds = seconds
-        self.limit = limit
-        self._until: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._until)
-
-    def holds(self, name: str) -> bool:
-        until = self._until.get(name)
-        if until is None:
-            return False
-        if time.monotonic() < until:
-            return True
-        self.discard(name)
-        return False
-
-    def add(self, name: str) -> None:
-        with self._lock:
-            if len(self._until) >= self.limit:
-                self._until.pop(next(iter(self._until)))  # the oldest
-            self._until[name] = time.monotonic() + self.seconds
-
-    def discard(self, name: str) -> None:
-        with self._lock:
-            self._until.pop(name, None)
 
 
 class RedisStore(Store):
@@ -365,34 +327,13 @@ class RedisStore(Store):
             return None
         return RedisLease(self.guard, self._layout.lock(key), lease=self.lease)
 
-    # Listing: SCAN node by node, never KEYS (it blocks a server for its whole keyspace)
-    def _scan_names(self) -> Iterator[tuple[tuple[str | None, Any], list[str]]]:
-        for node in self.guard.nodes():
-            cursor = 0
-            while True:
-                page = self._scan_page(node[1], cursor)
-                cursor, names = self.guard.call(page, node=node[0])
-                yield node, [k for k in map(self._layout.key_of, names) if k is not None]
-                if cursor == 0:
-                    break
-
-    def _scan_page(self, client: Any, cursor: int) -> Any:
-        pattern = self._layout.entry_pattern
-        return lambda _main: client.scan(cursor, pattern, _SCAN_COUNT)
-
+    # Listing ---------------------------------------------------------------------
     def keys(self) -> Iterator[str]:
-        for _node, batch in self._scan_names():
+        for _node, batch in listing.keys(self.guard, self._layout):
             yield from batch
 
     def scan(self) -> Iterator[EntryInfo]:
-        for node, batch in self._scan_names():
-            names = [self._layout.entry(key) for key in batch]
-            replies = self.guard.pipeline(_describe(names), raise_on_error=False, node=node)
-            now = time.time()
-            for i, key in enumerate(batch):
-                info = _entry_info(key, now, *replies[3 * i : 3 * i + 3])
-                if info is not None:
-                    yield info
+        return listing.infos(self.guard, self._layout)
 
     def stats(self) -> dict[str, Any]:
         open_nodes = [n for n, b in self.guard.node_breakers.items() if b.state != "closed"]
@@ -408,32 +349,3 @@ class RedisStore(Store):
     def close(self) -> None:
         self.guard.close()
         super().close()
-
-
-def _describe(names: list[str]) -> Any:
-    def build(pipe: Any) -> None:
-        for name in names:  # OBJECT IDLETIME first: the reads after it reset the idle clock
-            pipe.object("idletime", name)
-            pipe.getrange(name, -fmt.SUFFIX_BYTES, -1)
-            pipe.strlen(name)
-
-    return build
-
-
-def _entry_info(key: str, now: float, idle: Any, suffix: Any, strlen: Any) -> EntryInfo | None:
-    if not isinstance(suffix, bytes) or not suffix:
-        return None  # gone since the SCAN, or not a string
-    try:
-        flags, size, manifest = fmt.peek(suffix)
-    except CorruptEntry:
-        return None  # not one of ours: neither listed nor touched
-    stored = int(strlen) + (manifest.stored if manifest else 0)
-    last_access = now - idle if isinstance(idle, int) else 0.0  # no IDLETIME under LFU policies
-    extra = {
-        "packed_size": size,
-        "compressed": bool(flags & fmt.ZSTD),
-        "signed": bool(flags & fmt.SIGNED),
-    }
-    if manifest:
-        extra["chunks"] = manifest.chunks
-    return EntryInfo(key, stored, last_access, extra=extra)
