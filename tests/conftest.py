@@ -62,6 +62,9 @@ def _redis(
         server.url,
         namespace="t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16],
         read_only=bool(caps.get("read_only")),
+        # The contract is not about time: a loaded CI machine may stall a call
+        # past the default 0.5 s (tests of the timeout set their own).
+        timeout=5.0,
     )
 
 

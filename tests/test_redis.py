@@ -470,3 +470,39 @@ def test_kernelcache_stats_shows_the_remote_tiers_faults(
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "redis: timeouts" in text and "circuit-breaker trips 1" in text
+
+
+def test_removing_what_a_listing_saw_spares_an_entry_published_since(
+    redis_server: RedisServer, ns: str
+) -> None:
+    store = RedisStore(redis_server.url, namespace=ns)
+    store.put("old", _cubin(b"1"))
+    store.put("new", _cubin(b"1"))
+    seen = {info.key: info for info in store.scan()}
+    assert store.info("new") == seen["new"] or store.info("new") is not None
+    assert store.info("missing") is None
+    store.put("new", _cubin(b"2"))  # published again after the listing decided
+    assert not store.remove_if_unchanged(seen["new"])
+    assert store.get("new") is not None
+    assert store.remove_if_unchanged(seen["old"]) and store.get("old") is None
+
+
+def test_connections_of_threads_that_ended_are_closed(
+    raw: redis.Redis, redis_server: RedisServer, ns: str
+) -> None:
+    store = RedisStore(redis_server.url, namespace=ns)
+    store.put("k", _cubin())
+    before = len(raw.client_list())
+
+    def lookup() -> None:
+        assert store.get("k") is not None  # each thread opens a connection of its own
+
+    for _ in range(3):
+        threads = [threading.Thread(target=lookup) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    # At once, not when the garbage collector gets to redis-py's reference cycles.
+    assert len(raw.client_list()) <= before + 2  # not 30 more
+    store.close()

@@ -28,15 +28,15 @@ REPLY_FRAMING = 64
 # when that was a manifest (its body starts "<write id>:<count>:"), lets the
 # old chunks expire. KEYS[1] record key. ARGV: 1 new record ('' deletes), 2 TTL
 # ms (0: none), 3 chunk name base, 4 new write id ('' if inline), 5 new chunk
-# count, 6 grace ms, 7 SHA-1 the current value must have ('' for any), 8 the
-# most old chunks to expire (a forged manifest must not make Redis loop long).
+# count, 6 grace ms, 7 SHA-1 the current value's last 256 bytes must have ('' for
+# any: see listing.fingerprint), 8 the most old chunks to expire (a forged manifest must not make Redis loop long).
 # The chunk names share the record's hash tag: one slot, so this works in a
 # cluster. Returns -1 if a new chunk is missing (its staging expiry passed),
 # else 0/1 whether a record existed before.
 PUBLISH_LUA = """
 local base, wid, n = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if ARGV[7] ~= '' then
-  local cur = redis.pcall('GET', KEYS[1])
+  local cur = redis.pcall('GETRANGE', KEYS[1], -256, -1)
   if type(cur) ~= 'string' or redis.sha1hex(cur) ~= ARGV[7] then return 0 end
 end
 for i = 0, n - 1 do

@@ -3,6 +3,7 @@ whole keyspace), and describe each entry from a few bytes of its record."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -54,6 +55,20 @@ def _describe(names: list[str]) -> Any:
     return build
 
 
+def info(guard: Guard, layout: Layout, key: str) -> EntryInfo | None:
+    """The :func:`infos` row of one entry, or ``None``."""
+    replies = guard.pipeline(
+        _describe([layout.entry(key)]), raise_on_error=False, key=layout.entry(key)
+    )
+    return _entry_info(key, time.time(), *replies)
+
+
+def fingerprint(value: bytes | bytearray) -> str:
+    """What identifies one record (its last bytes hold its MAC or its artifacts' end
+    and its trailer): a writer that replaces it changes them."""
+    return hashlib.sha1(value[-fmt.SUFFIX_BYTES :], usedforsecurity=False).hexdigest()
+
+
 def _entry_info(key: str, now: float, idle: Any, suffix: Any, strlen: Any) -> EntryInfo | None:
     if not isinstance(suffix, bytes) or not suffix:
         return None  # gone since the SCAN, or not a string
@@ -63,10 +78,11 @@ def _entry_info(key: str, now: float, idle: Any, suffix: Any, strlen: Any) -> En
         return None  # not one of ours: neither listed nor touched
     stored = int(strlen) + (manifest.stored if manifest else 0)
     last_access = now - idle if isinstance(idle, int) else 0.0  # no IDLETIME under LFU policies
-    extra = {
+    extra: dict[str, Any] = {
         "packed_size": size,
         "compressed": bool(flags & fmt.ZSTD),
         "signed": bool(flags & fmt.SIGNED),
+        "fingerprint": fingerprint(suffix),
     }
     if manifest:
         extra["chunks"] = manifest.chunks

@@ -14,7 +14,6 @@ no writer could have made it, or otherwise remembered for
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -250,8 +249,7 @@ class RedisStore(Store):
             self.guard.run_script(chunks.DROP_LONGER_LUA, [name], [fmt.MAX_RECORD])
             return
         # Unless someone replaced it since we read it.
-        expect = hashlib.sha1(raw, usedforsecurity=False).hexdigest()
-        self._publish(name, key, b"", "", 0, expect=expect)
+        self._publish(name, key, b"", "", 0, expect=listing.fingerprint(raw))
 
     # Writes --------------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:
@@ -320,6 +318,23 @@ class RedisStore(Store):
             self._count("deletes")
         return removed
 
+    def remove_if_unchanged(self, info: EntryInfo) -> bool:
+        """Remove the entry ``info`` describes, unless it was published again since.
+
+        A fingerprint of the record is in ``info.extra`` (from :meth:`scan` or
+        :meth:`info`); the publish script compares it and deletes in one step.
+        """
+        expect = info.extra.get("fingerprint")
+        if not isinstance(expect, str):
+            return self.delete(info.key)
+        validate_key(info.key)
+        self._check_writable()
+        name = self._layout.entry(info.key)
+        removed = self._publish(name, info.key, b"", "", 0, expect=expect) > 0
+        if removed:
+            self._count("deletes")
+        return removed
+
     def flight_lock(self, key: str) -> FlightLock | None:
         """A lease spanning machines; ``None`` on a read-only store (it cannot publish)."""
         validate_key(key)
@@ -334,6 +349,10 @@ class RedisStore(Store):
 
     def scan(self) -> Iterator[EntryInfo]:
         return listing.infos(self.guard, self._layout)
+
+    def info(self, key: str) -> EntryInfo | None:
+        validate_key(key)
+        return listing.info(self.guard, self._layout, key)
 
     def stats(self) -> dict[str, Any]:
         open_nodes = [n for n, b in self.guard.node_breakers.items() if b.state != "closed"]

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 #: A socket timeout may overshoot the deadline by this much before it is lowered
@@ -158,6 +159,26 @@ def bounded(base: type) -> type:
     return cls
 
 
+class _Held:
+    """A thread's connection; closed as soon as the thread or the store lets go of it.
+
+    redis-py's connections sit in reference cycles, so left to the garbage
+    collector they close late and in any order (a ResourceWarning when the
+    socket goes first). This holder is in no cycle: it is freed, and closes
+    its connection, the moment its thread ends or its store is dropped.
+    """
+
+    __slots__ = ("__weakref__", "conn", "ok", "pool")
+
+    def __init__(self, conn: Any, pool: Any) -> None:
+        self.conn = conn
+        self.pool = pool
+        self.ok = False  # the last call on it succeeded: it was open then
+
+    def __del__(self) -> None:
+        self.conn.disconnect()
+
+
 class ThreadConnections:
     """GETs on a connection of each thread's own, whose bulk reply is read here (the hit path).
 
@@ -177,23 +198,24 @@ class ThreadConnections:
 
         self._errors = rx
         self._local = threading.local()
-        self._made: list[Any] = []
+        self._held: weakref.WeakSet[_Held] = weakref.WeakSet()  # for close()
         self._lock = threading.Lock()
 
     def get(self, pool: Any, args: tuple[Any, ...]) -> bytes | bytearray | None:
         """Run ``args`` (a GET or GETEX) on this thread's connection from ``pool``."""
-        conns: dict[int, Any] | None = getattr(self._local, "conns", None)
-        if conns is None or self._local.pid != os.getpid():
-            conns = self._local.conns = {}
+        held_by_pool: dict[int, _Held] | None = getattr(self._local, "held", None)
+        if held_by_pool is None or self._local.pid != os.getpid():
+            held_by_pool = self._local.held = {}
             self._local.pid = os.getpid()
-        entry = conns.get(id(pool))
-        if entry is None:
-            conn = pool.connection_class(**pool.connection_kwargs)
-            entry = conns[id(pool)] = [conn, False]  # [connection, last call succeeded]
+        held = held_by_pool.get(id(pool))
+        if held is None or held.pool is not pool:  # the id of a pool since collected
+            held = held_by_pool[id(pool)] = _Held(
+                pool.connection_class(**pool.connection_kwargs), pool
+            )
             with self._lock:
-                self._made.append(conn)
-        conn, reused = entry[0], entry[1]
-        entry[1] = False
+                self._held.add(held)
+        conn, reused = held.conn, held.ok
+        held.ok = False
         try:
             reply = self._run(conn, args)
         except self._errors.ConnectionError as exc:
@@ -202,12 +224,12 @@ class ThreadConnections:
                 raise
             reply = self._run(conn, args)  # the reconnect, once
         except self._errors.ResponseError:
-            entry[1] = True  # an error reply, read whole: the connection is fine
+            held.ok = True  # an error reply, read whole: the connection is fine
             raise
         except BaseException:
             conn.disconnect()  # whatever is left of the reply must not be read as the next
             raise
-        entry[1] = True
+        held.ok = True
         return reply
 
     def _run(self, conn: Any, args: tuple[Any, ...]) -> bytes | bytearray | None:
@@ -267,6 +289,6 @@ class ThreadConnections:
 
     def close(self) -> None:
         with self._lock:
-            made, self._made = self._made, []
-        for conn in made:
-            conn.disconnect()
+            held = list(self._held)
+        for one in held:
+            one.conn.disconnect()
