@@ -6,7 +6,9 @@ Redis Cluster, both on loopback ports.
    plain, signed (keyed BLAKE3) and, on the single server, with a TTL (GETEX);
    on the single server and on the cluster (bare GET there: ``RedisCluster.get``).
    Target: <= 1.2x.
-2. zstd on real nvcc output (cubin and PTX for sm_90): ratio and time per level,
+2. Where a hit's time goes: redis-py's pool checkout and parser, the read on a
+   held connection, HMAC-SHA256 vs keyed BLAKE3, verifying and unpacking.
+3. zstd on real nvcc output (cubin and PTX for sm_90): ratio and time per level,
    and the remote hit of the cubin entry vs a bare GET of the raw cubin
    (skipped without nvcc).
 
@@ -19,6 +21,7 @@ processes hits both alike; medians are reported.
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import os
 import shutil
@@ -37,7 +40,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from kernelcache import Entry
-from kernelcache.stores.redis import RedisStore
+from kernelcache.stores.redis import RedisStore, wire
 from kernelcache.stores.redis import format as fmt
 from redis_cluster import LocalCluster
 from redis_server import RedisServer
@@ -160,6 +163,80 @@ def bench_hits(target: str, url: str, bare: Any, mode: str) -> list[dict[str, An
     return rows
 
 
+def _median_us(fn: Callable[[], object], n: int) -> float:
+    for _ in range(min(50, n)):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def bench_breakdown(server: RedisServer, mode: str) -> list[dict[str, Any]]:
+    """Where the time of a hit goes, piece by piece (median µs of each alone).
+
+    The pieces of the network read, then the pieces kernelcache adds: the
+    record's MAC (HMAC-SHA256 in format 1, keyed BLAKE3 in format 2) and the
+    verification and unpacking of the entry.
+    """
+    bare = redis.Redis.from_url(server.url)
+    held = redis.Connection(host="127.0.0.1", port=server.port)
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=server.port, connection_class=wire.bounded(redis.Connection)
+    )
+    reader = wire.ThreadConnections()
+    columns: dict[str, dict[str, float]] = {}
+    for size in SIZES:
+        pieces = _pieces(size, bare, held, lambda: reader.get(pool, ("GET", "bare")))
+        for label, fn in pieces.items():
+            columns.setdefault(label, {})[f"{size >> 10} KiB"] = _median_us(
+                fn, _repetitions(size, mode)
+            )
+    reader.close()
+    held.disconnect()
+    bare.close()
+    return [{"piece (median µs)": label, **times} for label, times in columns.items()]
+
+
+def _pieces(
+    size: int, bare: Any, held: Any, ours: Callable[[], object]
+) -> dict[str, Callable[[], object]]:
+    secret = b"bench-secret"
+    signer = fmt.Signer(secret)
+    packed = b"".join(Entry({"data": os.urandom(size)}).pack_parts("k"))
+    name = b"kc:bench:e:{k}"
+    plain = fmt.seal(name, 0, len(packed), packed, None)
+    signed = fmt.seal(name, 0, len(packed), packed, signer)
+    bare.set("bare", plain)
+
+    def held_get() -> object:
+        held.send_command("GET", "bare")
+        return held.read_response()
+
+    def ours_get() -> object:
+        wire.begin(time.monotonic() + 10, None)
+        try:
+            return ours()
+        finally:
+            wire.end()
+
+    def open_record(record: bytes, with_signer: fmt.Signer | None) -> object:
+        end = fmt.open_record(name, record, with_signer).end
+        return fmt.unpack_prefix(record, end, "k")
+
+    return {
+        "redis-py GET (pool checkout, redis-py parser)": lambda: bare.get("bare"),
+        "redis-py GET on a held connection": held_get,
+        "GET read by kernelcache (held connection, one buffer)": ours_get,
+        "HMAC-SHA256 of the record (format 1)": lambda: hmac.digest(secret, signed, "sha256"),
+        "keyed BLAKE3 of the record (format 2)": lambda: signer.mac(name, packed, b"t" * 13),
+        "open + verify + unpack, plain": lambda: open_record(plain, None),
+        "open + verify + unpack, signed": lambda: open_record(signed, signer),
+    }
+
+
 def compile_kernels(workdir: Path) -> dict[str, bytes]:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -268,6 +345,9 @@ def main() -> None:
                 f"\nRemote hit vs bare redis-py GET of the same bytes (median µs; target <= {TARGET}x)\n"
             )
             print(_table(hits))
+            result["breakdown"] = bench_breakdown(server, mode)
+            print("\nWhere a hit's time goes (single server; each piece alone, median µs)\n")
+            print(_table(result["breakdown"]))
             artifacts = compile_kernels(Path(tmp))
             if not artifacts:
                 print("\n(nvcc not on PATH: no cubin/PTX compression figures)")

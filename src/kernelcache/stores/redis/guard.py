@@ -23,9 +23,7 @@ from kernelcache.stores.redis.breaker import CircuitBreaker
 
 T = TypeVar("T")
 
-#: A call moving N bytes may take N / TRANSFER_FLOOR seconds more than the timeout:
-#: the timeout bounds a round trip, not the transfer of a large entry's chunks.
-TRANSFER_FLOOR = 16 << 20
+TRANSFER_FLOOR = wire.TRANSFER_FLOOR
 
 
 class OversizedReply(StoreError):
@@ -153,10 +151,14 @@ class Guard:
         """``args[0]`` on key ``args[1]``."""
         return self.call(lambda client: client.execute_command(*args), key=args[1], limit=limit)
 
-    def run_script(self, lua: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def run_script(
+        self, lua: str, keys: Sequence[str], args: Sequence[Any], *, moving: int = 0
+    ) -> Any:
         """Run a Lua script (EVALSHA, loading it where the server lacks it)."""
         return self.call(
-            lambda client: self._script(client, lua)(list(keys), list(args)), key=keys[0]
+            lambda client: self._script(client, lua)(list(keys), list(args)),
+            key=keys[0],
+            moving=moving,
         )
 
     def _script(self, client: Any, lua: str) -> Any:

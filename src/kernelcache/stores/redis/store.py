@@ -306,7 +306,7 @@ class RedisStore(Store):
             expect,
             MAX_CHUNKS,
         ]
-        return int(self.guard.run_script(chunks.PUBLISH_LUA, [name], args))
+        return int(self.guard.run_script(chunks.PUBLISH_LUA, [name], args, moving=len(record)))
 
     def delete(self, key: str) -> bool:
         validate_key(key)

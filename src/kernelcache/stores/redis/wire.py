@@ -25,6 +25,9 @@ from typing import Any
 #: A socket timeout may overshoot the deadline by this much before it is lowered
 #: (each change is a system call; a healthy call needs none).
 SLACK = 0.01
+#: A call moving N bytes may take N / TRANSFER_FLOOR seconds more than the timeout:
+#: the timeout bounds a round trip, not the transfer of a large entry.
+TRANSFER_FLOOR = 16 << 20
 _READ = 65536
 
 
@@ -263,6 +266,8 @@ class ThreadConnections:
         limit = _call.limit
         if limit is not None and size > limit:
             raise ReplyTooLarge(f"a reply of {size} bytes, over the {limit} this call allows")
+        if _call.deadline is not None:  # the time to move what the header announced
+            _call.deadline += size / TRANSFER_FLOOR
         have = len(head) - start
         if have >= size + 2:
             if have > size + 2 or head[start + size :] != b"\r\n":
