@@ -135,3 +135,37 @@ def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
         store.put(key, entries[key])
         assert store.get(key) == entries[key]
     store.close()
+
+
+def test_a_slot_moved_under_a_reader_is_followed(own_cluster: LocalCluster) -> None:
+    import binascii
+    import subprocess
+
+    from redis_cluster import CLI
+
+    ns = unique_namespace()
+    key = next(
+        f"k{i}" for i in range(100_000) if binascii.crc_hqx(f"k{i}".encode(), 0) % 16384 == 0
+    )
+    store = RedisStore(own_cluster.url, namespace=ns)
+    entry = Entry({"kernel.cubin": os.urandom(2000)})
+    store.put(key, entry)
+    assert store.get(key) == entry  # this thread's connection to slot 0's owner is open
+    assert _owner(own_cluster, f"kc:{ns}:e:{{{key}}}") == 0
+    ids = [
+        redis.Redis(port=node.port).execute_command("CLUSTER", "MYID").decode()
+        for node in own_cluster.nodes
+    ]
+    subprocess.run(
+        [str(CLI), "--cluster", "reshard", f"127.0.0.1:{own_cluster.nodes[0].port}",
+         "--cluster-from", ids[0], "--cluster-to", ids[1], "--cluster-slots", "1",
+         "--cluster-yes"],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    own_cluster.wait_until_ok()
+    assert _owner(own_cluster, f"kc:{ns}:e:{{{key}}}") == 1  # slot 0 moved, with the entry
+    assert store.get(key) == entry  # MOVED from the old owner, followed by RedisCluster
+    assert store.counters.errors == 0
+    store.put(key, entry)
+    assert store.get(key) == entry
+    store.close()

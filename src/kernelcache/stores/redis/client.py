@@ -136,17 +136,15 @@ def getter(client: Any, *, replicas: bool) -> tuple[Callable[..., Any], Callable
             return client.execute_command(*args)
         try:
             return connections.get(node_client.connection_pool, args)
-        except rx.TimeoutError:
-            raise
-        except rx.ConnectionError:
-            pass  # let RedisCluster retry it and learn where the slot went
+        except rx.ConnectionError:  # the node went away: RedisCluster retries and learns where
+            return client.execute_command(*args)
         except rx.ResponseError as exc:
             message = str(exc)
             if message.startswith("CLUSTERDOWN"):
                 raise rx.ClusterDownError(message) from exc
             if not message.startswith(("MOVED ", "ASK ", "TRYAGAIN")):
                 raise
-        return client.execute_command(*args)
+            return client.execute_command(*args)  # the slot moved: RedisCluster follows it
 
     return cluster_get, connections.close
 

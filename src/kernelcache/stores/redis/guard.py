@@ -66,7 +66,7 @@ class Guard:
         self._client: Any = None
         self._replicas = replicas
         self._get: Callable[..., Any] = _not_connected
-        self._close_execute: Callable[[], None] = lambda: None
+        self._close_get: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
         self._scripts: dict[str, Any] = {}
         self._unreachable, self._timeout_error, self._any_error = rc.errors()
@@ -131,7 +131,7 @@ class Guard:
         with self._lock:
             if self._client is None:
                 client = self._make_client()
-                self._get, self._close_execute = rc.getter(client, replicas=self._replicas)
+                self._get, self._close_get = rc.getter(client, replicas=self._replicas)
                 self._client = client
             return self._client
 
@@ -203,7 +203,7 @@ class Guard:
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
-            self._close_execute()
+            self._close_get()
             client.close()
 
 

@@ -235,21 +235,22 @@ class RedisStore(Store):
             self._count("oversized")
         else:
             self._count("corrupt")
-        deletable = not isinstance(exc, (fmt.ForgedEntry, fmt.UnverifiableEntry))
-        if deletable and getattr(exc, "deletable", True) and not self.read_only:
-            try:
-                self._delete_bad(key, name, raw)
-                return
-            except StoreError:
-                pass  # counted; remembered below, and the next put overwrites it anyway
-        self.bad.add(name)
+        deletable = not isinstance(exc, (fmt.ForgedEntry, fmt.UnverifiableEntry)) and getattr(
+            exc, "deletable", True
+        )
+        if not (deletable and not self.read_only and self._delete_bad(key, name, raw)):
+            self.bad.add(name)
 
-    def _delete_bad(self, key: str, name: str, raw: bytes | bytearray | None) -> None:
-        if raw is None:  # never read whole: drop it while it is still too long to be ours
-            self.guard.run_script(chunks.DROP_LONGER_LUA, [name], [fmt.MAX_RECORD])
-            return
-        # Unless someone replaced it since we read it.
-        self._publish(name, key, b"", "", 0, expect=listing.fingerprint(raw))
+    def _delete_bad(self, key: str, name: str, raw: bytes | bytearray | None) -> bool:
+        """Whether the bad value is gone; a failure is counted, and the value remembered."""
+        try:
+            if raw is None:  # never read whole: drop it while it is still too long to be ours
+                self.guard.run_script(chunks.DROP_LONGER_LUA, [name], [fmt.MAX_RECORD])
+            else:  # unless someone replaced it since we read it
+                self._publish(name, key, b"", "", 0, expect=listing.fingerprint(raw))
+        except StoreError:
+            return False
+        return True
 
     # Writes --------------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:

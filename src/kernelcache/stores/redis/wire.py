@@ -221,11 +221,11 @@ class ThreadConnections:
         held.ok = False
         try:
             reply = self._run(conn, args)
-        except self._errors.ConnectionError as exc:
+        except self._errors.ConnectionError:  # not a timeout: redis-py keeps those apart
             conn.disconnect()
-            if not reused or isinstance(exc, self._errors.TimeoutError):
+            if not reused:
                 raise
-            reply = self._run(conn, args)  # the reconnect, once
+            reply = self._run(conn, args)  # the reconnect, once (GET and GETEX are idempotent)
         except self._errors.ResponseError:
             held.ok = True  # an error reply, read whole: the connection is fine
             raise
