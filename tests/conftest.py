@@ -12,7 +12,9 @@ from kernelcache.stores.base import Store
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.sqlite import SQLiteStore
-from redis_server import own_redis, redis_server  # noqa: F401 (fixtures for every test file)
+from redis_cluster import own_cluster, redis_cluster  # noqa: F401 (fixtures for every test file)
+from redis_proxy import proxy  # noqa: F401
+from redis_server import own_redis, redis_server  # noqa: F401
 
 StoreFactory = Callable[..., Store]
 
@@ -43,19 +45,31 @@ def _sqlite(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) 
     )
 
 
-def _redis(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
+def _redis(
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    fixture: str = "redis_server",
+    **caps: int | None,
+) -> Store:
     from kernelcache.stores.redis import RedisStore
 
     if caps.get("max_bytes") is not None or caps.get("max_entries") is not None:
         pytest.skip("the redis tier has no per-store size caps (Redis's maxmemory policy evicts)")
-    server = request.getfixturevalue("redis_server")  # skips when redis-server is missing
+    server = request.getfixturevalue(fixture)  # skips when redis-server is missing
     # One namespace per test, like one directory per test for the disk tier:
     # two stores made by the same test share their entries.
     return RedisStore(
         server.url,
         namespace="t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16],
         read_only=bool(caps.get("read_only")),
+        # The contract is not about time: a loaded CI machine may stall a call
+        # past the default 0.5 s (tests of the timeout set their own).
+        timeout=5.0,
     )
+
+
+def _redis_cluster(tmp_path: Path, request: pytest.FixtureRequest, **caps: int | None) -> Store:
+    return _redis(tmp_path, request, "redis_cluster", **caps)
 
 
 #: Every tier the contract suite runs over: name -> factory(tmp_path, request, **caps).
@@ -64,6 +78,7 @@ STORE_FACTORIES: dict[str, Callable[..., Store]] = {
     "disk": _disk,
     "sqlite": _sqlite,
     "redis": _redis,
+    "redis-cluster": _redis_cluster,
 }
 
 

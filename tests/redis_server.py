@@ -35,14 +35,19 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """One redis-server process; ``restart`` brings it back on the same port, empty."""
+    """One redis-server process; ``restart`` brings it back on the same port, empty.
 
-    def __init__(self, directory: Path) -> None:
+    ``extra`` are more command-line options (a cluster node's); ``port`` a
+    port to use instead of a free one picked here.
+    """
+
+    def __init__(self, directory: Path, extra: tuple[str, ...] = (), port: int = 0) -> None:
         if BINARY is None:
             raise RuntimeError(SKIP_REASON)
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.extra = extra
+        self.port = port or _free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -65,7 +70,7 @@ class RedisServer:
         assert self.process is None or self.process.poll() is not None
         args = [str(BINARY), "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--save", "", "--appendonly", "no", "--dir", str(self.directory)]
-        args += ["--logfile", str(self.directory / "redis.log")]
+        args += ["--logfile", str(self.directory / "redis.log"), *self.extra]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:

@@ -1,12 +1,15 @@
-"""The store benchmark still runs end to end (a few calls each; no timing is asserted)."""
+"""The store and Redis benchmarks still run end to end (a few calls each; no timing is asserted)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_stores.py"
@@ -38,3 +41,31 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
     assert leftovers == [], "the benchmark must remove its directory"
+
+
+def test_bench_redis_smoke(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server and redis-cli are needed (scripts/test.sh installs them)")
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_redis.py"),
+            "--smoke",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    hits = json.loads(out.read_text())["hits"]
+    measured = {(r["target"], r["size"], r["variant"]) for r in hits}
+    for target in ("server", "cluster"):
+        for size in (4096, 65536, 1 << 20):
+            assert {(target, size, "plain"), (target, size, "signed")} <= measured
+    assert {r["verdict"] for r in hits} <= {"PASS", "MISS"}

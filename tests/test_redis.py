@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 import time
@@ -44,8 +45,15 @@ def _machine(tmp_path: Path, name: str, url: str, ns: str, **options: Any) -> Ca
     )
 
 
+CHUNK = fmt.MIN_CHUNK_SIZE
+
+
+def _name(ns: str, key: str) -> str:
+    return f"kc:{ns}:e:{{{key}}}"
+
+
 def _chunk_names(client: redis.Redis, ns: str, key: str) -> list[bytes]:
-    return sorted(client.scan_iter(f"kc:{ns}:c:{key}:*"))
+    return sorted(client.scan_iter(f"kc:{ns}:c:{{{key}}}:*"))
 
 
 # Two machines ---------------------------------------------------------------------
@@ -113,6 +121,44 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
     assert fresh.get("after") == local
     fresh.close()
     cache.close()
+
+
+def test_a_restarted_server_costs_no_error_on_the_hit_path(own_redis: RedisServer, ns: str) -> None:
+    store = RedisStore(own_redis.url, namespace=ns)
+    entry = _cubin()
+    store.put("k", entry)
+    assert store.get("k") == entry  # this thread's connection is open now
+    own_redis.kill()
+    own_redis.restart()  # empty; the connection above is dead and does not know it yet
+    store.put("k", entry)
+    assert store.get("k") == entry  # reconnected once, within the call's deadline
+    assert store.counters.errors == 0
+
+
+def _get_in_child(store: RedisStore, queue: Any) -> None:
+    entry = store.get("k")
+    queue.put(None if entry is None else entry["kernel.cubin"])
+
+
+def test_a_forked_child_uses_a_connection_of_its_own(redis_server: RedisServer, ns: str) -> None:
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    store = RedisStore(redis_server.url, namespace=ns)
+    entry = _cubin()
+    store.put("k", entry)
+    assert store.get("k") == entry
+    queue = fork.Queue()
+    children = [fork.Process(target=_get_in_child, args=(store, queue)) for _ in range(3)]
+    for child in children:
+        child.start()
+    for _ in range(20):
+        assert store.get("k") == entry  # the parent's connection is not shared with them
+    results = [queue.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    assert results == [entry["kernel.cubin"]] * 3
+    assert [child.exitcode for child in children] == [0, 0, 0]
 
 
 def test_hung_redis_costs_at_most_the_timeout_per_call(own_redis: RedisServer, ns: str) -> None:
@@ -185,7 +231,7 @@ def test_wrong_type_at_a_key_is_an_error_then_overwritten(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
     store = RedisStore(redis_server.url, namespace=ns)
-    raw.rpush(f"kc:{ns}:e:k", b"a list, not a string")
+    raw.rpush(_name(ns, "k"), b"a list, not a string")
     assert Cache([store]).get("k") is None
     assert store.counters.errors == 1
     entry = _cubin()
@@ -198,11 +244,11 @@ def test_every_hit_refreshes_the_ttl_of_the_record_and_its_chunks(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
     store = RedisStore(
-        redis_server.url, namespace=ns, ttl=50, chunk_size=1024, compress_min=1 << 30
+        redis_server.url, namespace=ns, ttl=50, chunk_size=CHUNK, compress_min=1 << 30
     )
     store.put("small", _cubin(size=100))
-    store.put("big", _cubin(size=5000))
-    names = [f"kc:{ns}:e:small", f"kc:{ns}:e:big", *_chunk_names(raw, ns, "big")]
+    store.put("big", _cubin(size=5 * CHUNK - 1000))
+    names = [_name(ns, "small"), _name(ns, "big"), *_chunk_names(raw, ns, "big")]
     assert len(names) == 2 + 5
     for name in names:
         assert 45_000 < raw.pttl(name) <= 50_000
@@ -221,8 +267,8 @@ def test_every_hit_refreshes_the_ttl_of_the_record_and_its_chunks(
 def test_replaced_and_deleted_chunks_expire_after_a_grace_period(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=1024, compress_min=1 << 30)
-    first, second = _cubin(b"1", 5000), _cubin(b"2", 5000)
+    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    first, second = _cubin(b"1", 5 * CHUNK - 1000), _cubin(b"2", 5 * CHUNK - 1000)
     store.put("k", first)
     old = _chunk_names(raw, ns, "k")
     assert len(old) == 5 and all(raw.pttl(n) == -1 for n in old)  # published: permanent
@@ -238,7 +284,7 @@ def test_replaced_and_deleted_chunks_expire_after_a_grace_period(
 def test_a_writer_dying_before_publishing_leaves_only_expiring_chunks(
     raw: redis.Redis, redis_server: RedisServer, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=1024, compress_min=1 << 30)
+    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
     before = _cubin(b"before", 100)
     store.put("k", before)
 
@@ -247,7 +293,7 @@ def test_a_writer_dying_before_publishing_leaves_only_expiring_chunks(
 
     monkeypatch.setattr(store, "_publish", crash)
     with pytest.raises(KeyboardInterrupt):
-        store.put("k", _cubin(b"after", 5000))
+        store.put("k", _cubin(b"after", 5 * CHUNK - 1000))
     monkeypatch.undo()
     orphans = _chunk_names(raw, ns, "k")
     assert len(orphans) == 5
@@ -258,18 +304,29 @@ def test_a_writer_dying_before_publishing_leaves_only_expiring_chunks(
 def test_chunks_evicted_by_redis_make_a_counted_miss(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=1024, compress_min=1 << 30)
-    store.put("k", _cubin(size=5000))
+    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    store.put("k", _cubin(size=5 * CHUNK - 1000))
     raw.delete(_chunk_names(raw, ns, "k")[2])
     assert store.get("k") is None
     assert store.counters.corrupt == 1
-    assert raw.exists(f"kc:{ns}:e:k") == 0  # the dangling manifest is removed
+    assert raw.exists(_name(ns, "k")) == 0  # the dangling manifest is removed
+
+
+def _ptx_like() -> bytes:
+    rng = random.Random(1)  # text shaped like PTX: zstd shrinks it ~6x, as it does real PTX
+    ops = [b"add.f32", b"mul.f32", b"ld.global.f32", b"st.shared.f32", b"fma.rn.f32"]
+    lines = (
+        b"    %s %%f%d, %%f%d, %%f%d;\n" % (rng.choice(ops), *rng.choices(range(64), k=3))
+        for _ in range(1000)
+    )
+    return b"".join(lines)
 
 
 @pytest.mark.parametrize(
     ("data", "compressed"),
     [
-        pytest.param(b"\x00\x01\x02\x03" * 4096, True, id="compressible"),
+        pytest.param(_ptx_like(), True, id="compressible"),
+        pytest.param(bytes(1 << 20), False, id="constant-over-max-ratio-stored-raw"),
         pytest.param(os.urandom(16384), False, id="incompressible-stored-raw"),
         pytest.param(b"\x00" * 1000, False, id="below-compress_min"),
     ],
@@ -291,20 +348,20 @@ def test_listing_uses_scan_never_keys_and_namespaces_are_separate(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
     raw.config_resetstat()
-    one = RedisStore(redis_server.url, namespace=ns, chunk_size=1024)
+    one = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK)
     other = RedisStore(redis_server.url, namespace=ns + "x")
     for i in range(30):
-        one.put(f"k{i}", Entry({"data": os.urandom(50 if i else 3000)}))
+        one.put(f"k{i}", Entry({"data": os.urandom(50 if i else 3 * CHUNK + 1000)}))
     other.put("theirs", _cubin())
-    raw.set(f"kc:{ns}:e:not a key", b"foreign")  # neither listed nor touched
+    raw.set(_name(ns, "not a key"), b"foreign")  # neither listed nor touched
     assert sorted(one.keys()) == sorted(f"k{i}" for i in range(30))
     assert list(other.keys()) == ["theirs"]
     entries, size = one.usage()
-    assert entries == 30 and size > 3000
+    assert entries == 30 and size > 3 * CHUNK
     [big] = [info for info in one.scan() if info.key == "k0"]
     assert big.extra["chunks"] == 4 and big.last_access > time.time() - 60
     assert one.clear() == 30 and list(one.keys()) == []
-    assert list(other.keys()) == ["theirs"] and raw.get(f"kc:{ns}:e:not a key") == b"foreign"
+    assert list(other.keys()) == ["theirs"] and raw.get(_name(ns, "not a key")) == b"foreign"
     assert "cmdstat_keys" not in raw.info("commandstats")
 
 
@@ -347,7 +404,10 @@ def test_url_options_fill_in_unset_arguments_and_secrets_never_show(
         pytest.param("redis://127.0.0.1:1?ttl=soon", {}, id="ttl-in-url"),
         pytest.param("redis://127.0.0.1:1?timeout=fast", {}, id="timeout-in-url"),
         pytest.param("redis://127.0.0.1:1", {"secret": ""}, id="empty-secret"),
-        pytest.param("redis://127.0.0.1:1", {"chunk_size": 10}, id="chunk_size"),
+        pytest.param("redis://127.0.0.1:1", {"chunk_size": 1024}, id="chunk_size-small"),
+        pytest.param("redis://127.0.0.1:1", {"chunk_size": 64 << 20}, id="chunk_size-large"),
+        pytest.param("redis://127.0.0.1:1?max_entry_size=lots", {}, id="max_entry_size"),
+        pytest.param("redis+cluster://127.0.0.1:1/3", {}, id="cluster-db"),
         pytest.param("redis://127.0.0.1:99999999", {}, id="port"),
     ],
 )
@@ -379,9 +439,9 @@ def test_kernelcache_remote_adds_the_tier_to_the_default_cache(
 
 
 def raw_flags(server: RedisServer, ns: str, key: str) -> int:
-    value = redis.Redis.from_url(server.url).get(f"kc:{ns}:e:{key}")
+    value = redis.Redis.from_url(server.url).get(_name(ns, key))
     assert value is not None
-    return value[4]
+    return value[-5]  # format.py: ... flags, version, b"KCR"
 
 
 def test_kernelcache_stats_shows_the_remote_tiers_faults(
@@ -410,3 +470,39 @@ def test_kernelcache_stats_shows_the_remote_tiers_faults(
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "redis: timeouts" in text and "circuit-breaker trips 1" in text
+
+
+def test_removing_what_a_listing_saw_spares_an_entry_published_since(
+    redis_server: RedisServer, ns: str
+) -> None:
+    store = RedisStore(redis_server.url, namespace=ns)
+    store.put("old", _cubin(b"1"))
+    store.put("new", _cubin(b"1"))
+    seen = {info.key: info for info in store.scan()}
+    assert store.info("new") == seen["new"] or store.info("new") is not None
+    assert store.info("missing") is None
+    store.put("new", _cubin(b"2"))  # published again after the listing decided
+    assert not store.remove_if_unchanged(seen["new"])
+    assert store.get("new") is not None
+    assert store.remove_if_unchanged(seen["old"]) and store.get("old") is None
+
+
+def test_connections_of_threads_that_ended_are_closed(
+    raw: redis.Redis, redis_server: RedisServer, ns: str
+) -> None:
+    store = RedisStore(redis_server.url, namespace=ns)
+    store.put("k", _cubin())
+    before = len(raw.client_list())
+
+    def lookup() -> None:
+        assert store.get("k") is not None  # each thread opens a connection of its own
+
+    for _ in range(3):
+        threads = [threading.Thread(target=lookup) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    # At once, not when the garbage collector gets to redis-py's reference cycles.
+    assert len(raw.client_list()) <= before + 2  # not 30 more
+    store.close()

@@ -141,12 +141,12 @@ def test_only_the_owner_releases_a_lease(redis_server: RedisServer) -> None:
     client = redis.Redis.from_url(redis_server.url)
     stalled = store.flight_lock("k")
     assert isinstance(stalled, RedisLease) and stalled.acquire(timeout=0)
-    client.delete(f"kc:{ns}:lock:k")  # as if the holder stalled past its lease
+    client.delete(f"kc:{ns}:lock:{{k}}")  # as if the holder stalled past its lease
     taker = store.flight_lock("k")
     assert isinstance(taker, RedisLease) and taker.acquire(timeout=0)
     time.sleep(0.3)  # the stalled holder's renewer notices it lost the lease
     assert stalled.lost
     stalled.release()  # must not delete the taker's lease
-    assert client.get(f"kc:{ns}:lock:k") == (taker.token or "").encode()
+    assert client.get(f"kc:{ns}:lock:{{k}}") == (taker.token or "").encode()
     taker.release()
-    assert client.exists(f"kc:{ns}:lock:k") == 0
+    assert client.exists(f"kc:{ns}:lock:{{k}}") == 0

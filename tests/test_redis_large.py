@@ -74,7 +74,7 @@ def test_a_200_mb_entry_round_trips_and_racing_readers_see_it_whole(
 @pytest.mark.slow
 def test_many_small_chunked_rewrites_never_show_a_mix(redis_server: RedisServer) -> None:
     start = time.monotonic()
-    seen = _race(redis_server.url, list(range(1, 301)), 48 * 1024, 1024)
+    seen = _race(redis_server.url, list(range(1, 301)), 5 * 64 * 1024, 64 * 1024)
     assert len(set(seen)) > 10  # the reads really interleaved with the writes
     assert time.monotonic() - start < 60
 

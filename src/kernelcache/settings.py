@@ -70,6 +70,17 @@ def _parse_local(name: str, text: str) -> str:
     return value
 
 
+def _parse_secret(name: str, text: str) -> str:
+    # Set but empty (an unset variable expanded, a missing file read) must not
+    # silently turn signing off: unsigned values would then be accepted.
+    if not text.strip():
+        raise ConfigError(
+            f"{ENV_PREFIX}{name} is set but empty: give the team's secret, "
+            "or unset it to turn signing off"
+        )
+    return text
+
+
 def _parse_optional_size(name: str, text: str) -> int | None:
     if text.strip().lower() in ("", "0", "none", "unlimited"):
         return None
@@ -85,7 +96,7 @@ _FIELDS: dict[str, tuple[Any, Any]] = {
     "remote": (lambda name, text: text or None, lambda: None),
     "disable": (_parse_bool, lambda: False),
     "readonly": (_parse_bool, lambda: False),
-    "secret": (lambda name, text: text or None, lambda: None),
+    "secret": (_parse_secret, lambda: None),
 }
 
 

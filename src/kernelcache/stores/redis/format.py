@@ -1,29 +1,38 @@
-"""The bytes :class:`~kernelcache.stores.redis.RedisStore` keeps under an entry's key.
+"""The bytes :class:`~kernelcache.stores.redis.RedisStore` keeps under an entry's key (version 2).
 
-Layout of a record (integers little-endian)::
+Layout of a record: the body first, then a fixed trailer (integers little-endian)::
 
+    body        the packed entry itself (kernelcache.entry format), one zstd frame
+                of it (ZSTD), or for CHUNKED the ASCII manifest
+                b"<write id>:<chunk count>:<chunk size>:<payload bytes>:<payload digest>"
+    mac     32  keyed BLAKE3, only when SIGNED
+    size     8  length of the packed entry after decompression
+    flags    1  ZSTD=1, CHUNKED=2, SIGNED=4
+    version  1  2
     magic    3  b"KCR"
-    version  1
-    flags    1  ZSTD=1 (the payload is one zstd frame), CHUNKED=2 (the body is a
-                manifest), SIGNED=4 (a MAC follows)
-    size     8  length of the packed entry (kernelcache.entry format) after decompression
-    mac     32  HMAC-SHA256, only when SIGNED
-    body        the payload itself, or for CHUNKED the ASCII manifest
-                b"<write id>:<chunk count>:<payload bytes>:<payload digest>"
 
-The MAC covers a domain tag, the Redis key name, the header and the body, so a
-signed value cannot be replayed under another key. A manifest's digest covers
-the chunks joined: SHA-256 when signed (the MAC then vouches for every chunk),
-xxHash3-128 otherwise (integrity only, like the entry's own checksums).
+The body comes first so that a plain record *is* its packed entry followed by
+a few bytes: a hit parses the bytes redis-py returned, with no copy but the
+artifacts themselves. The MAC is keyed BLAKE3 (about 3x HMAC-SHA256 here)
+with a key derived from the secret; it covers the body, the trailer and the
+Redis key name, so a signed value cannot be replayed under another key.
+BLAKE3 hashes one long input at full speed only when it comes first, hence
+the order. A manifest's digest covers the chunks joined: BLAKE3 when signed
+(the MAC then vouches for every chunk), xxHash3-128 otherwise.
 
-Pure functions; nothing here talks to Redis or can execute code (no pickle).
+Version 1 put a header in front and signed with HMAC-SHA256; its records live
+under other key names (no hash tags), so this version never reads them.
+
+Every size is checked against limits before the work it would cost: no
+record longer than a chunk, no entry over ``max_entry_size``, no zstd frame
+claiming more than :data:`MAX_RATIO` times its length, no manifest whose
+chunk count disagrees with its sizes. Pure functions; nothing here talks to
+Redis or can execute code (no pickle).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
 import struct
 import threading
 from collections.abc import Sequence
@@ -32,76 +41,75 @@ from typing import Any, NamedTuple
 
 import xxhash
 
+from kernelcache.entry import Entry, parse_header
 from kernelcache.errors import CorruptEntry
 
 MAGIC = b"KCR"
-VERSION = 1
+VERSION = 2
 ZSTD, CHUNKED, SIGNED = 1, 2, 4
-_HEAD = struct.Struct("<3sBBQ")
-HEAD_SIZE = _HEAD.size
+_TAIL = struct.Struct("<QBB3s")
+TAIL_SIZE = _TAIL.size
 MAC_SIZE = 32
-#: A manifest fits in this many bytes: listings read only this prefix of a value.
-PREFIX_BYTES = 256
-_DOMAIN = b"kernelcache-redis-record-v1\0"
-_MANIFEST_RE = re.compile(rb"([0-9a-f]{32}):([0-9]{1,9}):([0-9]{1,15}):([0-9a-f]{32,64})")
-
-
-# The one writer of records, run atomically by Redis; it parses the header above
-# (byte 5: flags; body after 13 or 13 + 32 bytes) to expire the chunks a record
-# replaces. KEYS[1] record key. ARGV: 1 new record ('' deletes), 2 TTL ms (0: none), 3 chunk key
-# base, 4 new write id ('' if inline), 5 new chunk count, 6 grace ms, 7 SHA-1 the current
-# value must have ('' for any), 8 MAX_CHUNKS. Returns -1 if a new chunk is missing
-# (its staging expiry passed), 0/1 whether a record existed before.
-PUBLISH_LUA = """
-local base, wid, n = ARGV[3], ARGV[4], tonumber(ARGV[5])
-if ARGV[7] ~= '' then
-  local cur = redis.pcall('GET', KEYS[1])
-  if type(cur) ~= 'string' or redis.sha1hex(cur) ~= ARGV[7] then return 0 end
-end
-for i = 0, n - 1 do
-  if redis.call('EXISTS', base .. wid .. ':' .. i) == 0 then return -1 end
-end
-local old = redis.pcall('GETRANGE', KEYS[1], 0, 255)
-local existed = redis.call('EXISTS', KEYS[1])
-local ttl = tonumber(ARGV[2])
-if ARGV[1] == '' then
-  redis.call('DEL', KEYS[1])
-elseif ttl > 0 then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ttl)
-else
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-for i = 0, n - 1 do
-  if ttl > 0 then redis.call('PEXPIRE', base .. wid .. ':' .. i, ttl)
-  else redis.call('PERSIST', base .. wid .. ':' .. i) end
-end
-if type(old) == 'string' and #old > 13 and string.sub(old, 1, 3) == 'KCR' then
-  local flags = string.byte(old, 5)
-  if flags % 4 >= 2 then
-    local off = 14
-    if flags % 8 >= 4 then off = off + 32 end
-    local owid, on = string.match(string.sub(old, off), '^(%x+):(%d+):')
-    on = tonumber(on)
-    if owid and owid ~= wid and on <= tonumber(ARGV[8]) then
-      for i = 0, on - 1 do redis.call('PEXPIRE', base .. owid .. ':' .. i, ARGV[6]) end
-    end
-  end
-end
-return existed
-"""
+#: A manifest record fits in this many bytes: listings read only this suffix of a value.
+SUFFIX_BYTES = 256
+#: Chunk sizes a writer may use, and so a reader accepts.
+MIN_CHUNK_SIZE = 64 << 10
+MAX_CHUNK_SIZE = 8 << 20
+#: The longest value a writer ever stores at an entry key.
+MAX_RECORD = MAX_CHUNK_SIZE + MAC_SIZE + TAIL_SIZE
+#: zstd inflates constant data ~30,000-fold; compiled kernels, PTX and metadata
+#: 2-20-fold. Writers store payloads that would shrink further uncompressed,
+#: and readers refuse frames that claim more (a 32 KiB value declaring 1 GiB).
+MAX_RATIO = 128
+_KEY_CONTEXT = "kernelcache 2025 redis record v2 MAC key"
 
 
 class ForgedEntry(CorruptEntry):
-    """A value whose signature is missing or wrong: planted, tampered with, or damaged."""
+    """A value whose signature is missing or wrong: planted, tampered with, or another secret's."""
+
+
+class UnverifiableEntry(CorruptEntry):
+    """A signed value read by a client without the secret: not checkable, so not readable."""
+
+
+class OversizedEntry(CorruptEntry):
+    """A value over the reader's limits; ``deletable`` when no writer could have made it."""
+
+    def __init__(self, message: str, *, deletable: bool) -> None:
+        super().__init__(message)
+        self.deletable = deletable
+
+
+class OtherVersion(CorruptEntry):
+    """A record of another format version: a clean miss, left to its writer."""
 
 
 class Record(NamedTuple):
-    """A parsed, signature-checked record; ``body`` is a view into the value read."""
+    """A parsed, signature-checked record; the body is ``raw[:end]``."""
 
-    version: int
     flags: int
     size: int
-    body: memoryview
+    end: int
+
+
+class Signer:
+    """Keyed BLAKE3 under a key derived from the team's secret."""
+
+    __slots__ = ("_blake3", "_key")
+
+    def __init__(self, secret: bytes) -> None:
+        from blake3 import blake3  # the redis extra: checked when the store is made
+
+        self._blake3 = blake3
+        self._key = blake3(secret, derive_key_context=_KEY_CONTEXT).digest()
+
+    def mac(self, name: bytes, body: Any, tail: Any) -> bytes:
+        # The long body first (see the module docstring); then the fixed-size
+        # trailer, the name and its length, so the split is unambiguous.
+        hasher = self._blake3(body, key=self._key)
+        hasher.update(tail)
+        hasher.update(name + len(name).to_bytes(4, "little"))
+        return hasher.digest()
 
 
 @dataclass(frozen=True)
@@ -110,82 +118,140 @@ class Manifest:
 
     write_id: str
     chunks: int
+    chunk_size: int
     stored: int
     digest: str
 
     def encode(self) -> bytes:
-        return f"{self.write_id}:{self.chunks}:{self.stored}:{self.digest}".encode()
+        fields = (self.write_id, self.chunks, self.chunk_size, self.stored, self.digest)
+        return ":".join(map(str, fields)).encode()
 
     @classmethod
-    def decode(cls, body: bytes | memoryview) -> Manifest:
-        match = _MANIFEST_RE.fullmatch(bytes(body))
-        if match is None:
+    def decode(cls, body: bytes) -> Manifest:
+        parts = body.split(b":")
+        if len(parts) != 5 or len(body) > SUFFIX_BYTES:
             raise CorruptEntry("chunk manifest is malformed")
-        write_id, chunks, stored, digest = (g.decode() for g in match.groups())
-        return cls(write_id, int(chunks), int(stored), digest)
+        write_id, digest = parts[0].decode("ascii", "replace"), parts[4].decode("ascii", "replace")
+        numbers = parts[1:4]
+        if (
+            len(write_id) != 32
+            or not _is_hex(write_id)
+            or not 32 <= len(digest) <= 64
+            or not _is_hex(digest)
+            or not all(n.isdigit() and len(n) <= 15 for n in numbers)
+        ):
+            raise CorruptEntry("chunk manifest is malformed")
+        chunks, chunk_size, stored = map(int, numbers)
+        return cls(write_id, chunks, chunk_size, stored, digest)
+
+    def check(self, max_entry_size: int) -> None:
+        """Refuse a manifest out of bounds before a single chunk is fetched."""
+        if self.stored > max_entry_size:
+            raise OversizedEntry(
+                f"manifest claims {self.stored} bytes, over max_entry_size", deletable=False
+            )
+        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise CorruptEntry(f"manifest chunk size {self.chunk_size} is out of bounds")
+        if self.chunks != -(-self.stored // self.chunk_size) or self.chunks < 1:
+            raise CorruptEntry(
+                f"manifest claims {self.chunks} chunks for {self.stored} bytes "
+                f"of {self.chunk_size}-byte chunks"
+            )
 
 
-def seal(name: bytes, flags: int, size: int, body: bytes, secret: bytes | None) -> bytes:
-    """The record for ``body`` stored under Redis key ``name``; signed when ``secret`` is set."""
-    if secret is None:
-        return _HEAD.pack(MAGIC, VERSION, flags & ~SIGNED, size) + body
-    head = _HEAD.pack(MAGIC, VERSION, flags | SIGNED, size)
-    return head + _mac(secret, name, head, body) + body
+def _is_hex(text: str) -> bool:
+    return not text.strip("0123456789abcdef")
 
 
-def open_record(name: bytes, raw: bytes, secret: bytes | None) -> Record:
-    """Parse a record read from key ``name``; with ``secret``, its MAC must be valid.
+def seal(name: bytes, flags: int, size: int, body: bytes, signer: Signer | None) -> bytes:
+    """The record for ``body`` stored under Redis key ``name``; signed when ``signer`` is set."""
+    flags = flags | SIGNED if signer is not None else flags & ~SIGNED
+    tail = _TAIL.pack(size, flags, VERSION, MAGIC)
+    if signer is None:
+        return body + tail
+    return b"".join((body, signer.mac(name, body, tail), tail))
 
-    Raises :class:`ForgedEntry` for a missing or wrong signature and
-    :class:`CorruptEntry` for anything else that is not one of our records.
+
+def open_record(name: bytes, raw: bytes | bytearray, signer: Signer | None) -> Record:
+    """Parse a record read from key ``name``; with ``signer``, its MAC must be valid.
+
+    Raises :class:`ForgedEntry` for a missing or wrong signature,
+    :class:`UnverifiableEntry` for a signed value without a signer,
+    :class:`OtherVersion` and :class:`CorruptEntry` for anything else.
     """
-    view = memoryview(raw)
-    if len(view) < HEAD_SIZE:
-        raise CorruptEntry(f"value of {len(view)} bytes is too short for a record")
-    magic, version, flags, size = _HEAD.unpack_from(view)
+    n = len(raw)
+    if n < TAIL_SIZE:
+        raise CorruptEntry(f"value of {n} bytes is too short for a record")
+    size, flags, version, magic = _TAIL.unpack_from(raw, n - TAIL_SIZE)
     if magic != MAGIC:
         raise CorruptEntry("value is not a kernelcache record (bad magic)")
     if version != VERSION:
-        raise CorruptEntry(f"record version {version} is not supported (this is {VERSION})")
-    offset = HEAD_SIZE + (MAC_SIZE if flags & SIGNED else 0)
-    if len(view) < offset:
+        raise OtherVersion(f"record version {version} is not this one ({VERSION})")
+    end = n - TAIL_SIZE - (MAC_SIZE if flags & SIGNED else 0)
+    if end < 0:
         raise CorruptEntry("record truncated inside its signature")
-    body = view[offset:]
-    if secret is not None:
-        if not flags & SIGNED:
-            raise ForgedEntry("unsigned value where a secret is configured")
-        expected = _mac(secret, name, view[:HEAD_SIZE], body)
-        if not hmac.compare_digest(expected, bytes(view[HEAD_SIZE:offset])):
-            raise ForgedEntry("value fails its HMAC-SHA256 signature")
-    return Record(version, flags, size, body)
+    if signer is None:
+        if flags & SIGNED:
+            raise UnverifiableEntry("signed value, and this client has no secret to check it")
+    elif not flags & SIGNED:
+        raise ForgedEntry("unsigned value where a secret is configured")
+    else:
+        view = memoryview(raw)
+        expected = signer.mac(name, view[:end], view[n - TAIL_SIZE :])
+        if not hmac.compare_digest(expected, view[end : end + MAC_SIZE]):
+            raise ForgedEntry("value fails its keyed BLAKE3 signature")
+    return Record(flags, size, end)
 
 
-def peek(prefix: bytes) -> tuple[int, int, Manifest | None]:
-    """``(flags, size, manifest or None)`` from a value's first bytes, unverified (listings)."""
-    if len(prefix) < HEAD_SIZE:
+def check_size(record: Record, stored: int, max_entry_size: int) -> None:
+    """Refuse a payload of ``stored`` bytes whose declared ``size`` costs too much to open."""
+    if record.size > max_entry_size:
+        raise OversizedEntry(
+            f"record claims {record.size} bytes, over max_entry_size", deletable=False
+        )
+    if record.flags & ZSTD:
+        if record.size > stored * MAX_RATIO:
+            raise OversizedEntry(
+                f"a {stored}-byte zstd frame claims {record.size} bytes "
+                f"(over {MAX_RATIO}x: a decompression bomb)",
+                deletable=True,
+            )
+    elif record.size != stored:
+        raise CorruptEntry(f"payload is {stored} bytes, the record says {record.size}")
+
+
+def unpack_prefix(raw: bytes, end: int, key: str) -> Entry:
+    """The entry packed in ``raw[:end]``, verified, sliced straight out of ``raw``."""
+    header = parse_header(raw)
+    if header.total_size != end:
+        raise CorruptEntry(f"entry is {end} bytes, its header says {header.total_size}")
+    return header.build(_outside, key, raw)
+
+
+def _outside(offset: int, size: int) -> bytes:
+    raise CorruptEntry(f"entry has no bytes at {offset}+{size}")  # build() slices all of raw
+
+
+def peek(suffix: bytes) -> tuple[int, int, Manifest | None]:
+    """``(flags, size, manifest or None)`` from a value's last bytes, unverified (listings)."""
+    if len(suffix) < TAIL_SIZE:
         raise CorruptEntry("value is too short for a record")
-    magic, version, flags, size = _HEAD.unpack_from(prefix)
+    size, flags, version, magic = _TAIL.unpack_from(suffix, len(suffix) - TAIL_SIZE)
     if magic != MAGIC or version != VERSION:
         raise CorruptEntry("value is not a kernelcache record of this version")
     manifest = None
     if flags & CHUNKED:
-        offset = HEAD_SIZE + (MAC_SIZE if flags & SIGNED else 0)
-        manifest = Manifest.decode(prefix[offset:])
+        end = len(suffix) - TAIL_SIZE - (MAC_SIZE if flags & SIGNED else 0)
+        manifest = Manifest.decode(suffix[: max(end, 0)])
     return flags, size, manifest
 
 
-def _mac(secret: bytes, name: bytes, head: bytes | memoryview, body: bytes | memoryview) -> bytes:
-    mac = hmac.new(secret, _DOMAIN, hashlib.sha256)
-    mac.update(len(name).to_bytes(4, "little") + name)
-    mac.update(head)
-    mac.update(body)
-    return mac.digest()
-
-
-def digest(payload: bytes | memoryview, signed: bool) -> str:
-    """Digest of a chunked payload: SHA-256 when the manifest is signed, else xxHash3-128."""
+def digest(payload: bytes, signed: bool) -> str:
+    """Digest of a chunked payload: BLAKE3 when the manifest is signed, else xxHash3-128."""
     if signed:
-        return hashlib.sha256(payload).hexdigest()
+        from blake3 import blake3
+
+        return str(blake3(payload).hexdigest())
     return xxhash.xxh3_128_hexdigest(payload)
 
 
@@ -228,16 +294,26 @@ def worth_compressing(parts: Sequence[bytes], level: int) -> bool:
     return len(_compressor(level).compress(sample)) < 0.9 * len(sample)
 
 
-def compress(parts: Sequence[bytes], size: int, level: int) -> bytes:
-    """One zstd frame (with its content size and checksum) of the joined ``parts``."""
+def compress(parts: Sequence[bytes], size: int, level: int) -> bytes | None:
+    """One zstd frame (content size, checksum) of the joined ``parts``, if worth storing.
+
+    ``None`` when it saves under 10 %, or shrinks more than :data:`MAX_RATIO`
+    allows a reader to accept (constant data: stored as it is).
+    """
     cobj = _compressor(level).compressobj(size=size)
     out = [cobj.compress(part) for part in parts]
     out.append(cobj.flush())
-    return b"".join(out)
+    frame = b"".join(out)
+    if len(frame) >= size * 0.9 or size > len(frame) * MAX_RATIO:
+        return None
+    return frame
 
 
 def decompress(frame: bytes | memoryview, size: int) -> bytes:
-    """Inflate a frame that must hold exactly ``size`` bytes; anything else is corrupt."""
+    """Inflate a frame that must hold exactly ``size`` bytes; anything else is corrupt.
+
+    The caller has bounded ``size`` (:func:`check_size`) before calling.
+    """
     import zstandard
 
     try:

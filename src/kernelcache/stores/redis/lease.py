@@ -13,7 +13,6 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from kernelcache.errors import StoreError
@@ -30,14 +29,12 @@ return 0
 """
 
 
-class _Caller(Protocol):
-    """What a lease needs from its store: one guarded call and two loaded scripts."""
+class Caller(Protocol):
+    """What a lease needs from the tier: guarded calls (``guard.Guard`` is one)."""
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+    def set_nx(self, name: str, value: str, ttl_ms: int) -> bool: ...
 
-    def _set_nx(self, name: str, token: str, lease_ms: int) -> bool: ...
-
-    def _script(self, name: str) -> Callable[..., Any]: ...
+    def run_script(self, lua: str, keys: list[str], args: list[Any]) -> Any: ...
 
 
 class RedisLease:
@@ -49,10 +46,10 @@ class RedisLease:
     coordinate through it, so the caller compiles without waiting.
     """
 
-    def __init__(self, store: _Caller, name: str, *, lease: float, poll: float = 0.05) -> None:
+    def __init__(self, redis: Caller, name: str, *, lease: float, poll: float = 0.05) -> None:
         if not lease > 0:
             raise ValueError(f"lease must be > 0 seconds, not {lease!r}")
-        self._store = store
+        self._redis = redis
         self.name = name
         self.lease_ms = max(1, int(lease * 1000))
         self.poll = poll
@@ -72,7 +69,7 @@ class RedisLease:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                got = self._store._set_nx(self.name, token, self.lease_ms)
+                got = self._redis.set_nx(self.name, token, self.lease_ms)
             except StoreError:
                 return False  # counted by the store; nobody can coordinate through Redis now
             if got:
@@ -99,17 +96,16 @@ class RedisLease:
             self._renewer.join()
             self._renewer = None
         try:
-            self._store._call(self._store._script("release"), [self.name], [token])
+            self._redis.run_script(RELEASE_LUA, [self.name], [token])
         except StoreError:
             return  # counted by the store; the lease expires by itself within lease_ms
 
     def _renew_loop(self) -> None:
         token = self.token
         interval = self.lease_ms / 3000
-        renew = self._store._script("renew")
         while not self._stop.wait(interval):
             try:
-                kept = self._store._call(renew, [self.name], [token, self.lease_ms])
+                kept = self._redis.run_script(RENEW_LUA, [self.name], [token, self.lease_ms])
             except StoreError:
                 continue  # Redis unreachable: retry; if it stays away the lease lapses
             if not kept:

@@ -1,52 +1,44 @@
-"""Team tier: verified entries in Redis, shared by every machine that reaches it.
+"""Team tier: verified entries in Redis or Redis Cluster, shared by every machine that reaches it.
 
-Keys (``ns`` is the namespace, ``key`` the cache key)::
+Key names are in ``layout.py``, the record format in ``format.py``, large
+entries in ``chunks.py``. Every call to Redis goes through one
+:class:`~kernelcache.stores.redis.guard.Guard`: a circuit breaker, one
+deadline for the whole call, and a cap on the bytes a reply may bring.
 
-    kc:<ns>:e:<key>                 the record (stores/redis_format.py): a small entry
-                                    inline, or the manifest of a chunked one
-    kc:<ns>:c:<key>:<write id>:<i>  chunk i of a large entry, one fresh write id per put
-    kc:<ns>:lock:<key>              the single-flight lease (stores/redis_lease.py)
-
-Concurrency contract: a reader sees no entry or a complete one. Chunks are
-written under a fresh write id with a staging expiry, then one Lua script
-checks they are all there, swaps the manifest in, makes the chunks permanent
-(or gives them the TTL) and lets the replaced chunks expire after a grace
-period, so a reader still fetching them finishes undisturbed. Writers crashing
-before the swap leave chunks that expire by themselves.
+Concurrency contract: a reader sees no entry or a complete one (chunks are
+published by one Lua script; see ``chunks.py``). A value that is not a
+whole, valid record is never returned: it is counted, and then deleted when
+no writer could have made it, or otherwise remembered for
+:data:`~kernelcache.stores.redis.badvalues.BAD_SECONDS` so the next lookup does not pay for it again.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Callable, Iterator
+import secrets
+from collections.abc import Iterator
 from typing import Any
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import (
-    Counters,
-    EntryInfo,
-    FlightLock,
-    Store,
-    bound,
-    is_valid_key,
-    validate_key,
-)
+from kernelcache.stores.base import Counters, EntryInfo, FlightLock, Store, bound, validate_key
+from kernelcache.stores.redis import chunks, listing
+from kernelcache.stores.redis import client as redis_client
 from kernelcache.stores.redis import config as redis_config
 from kernelcache.stores.redis import format as fmt
+from kernelcache.stores.redis.badvalues import BadValues
 from kernelcache.stores.redis.breaker import CircuitBreaker
-from kernelcache.stores.redis.lease import RELEASE_LUA, RENEW_LUA, RedisLease
+from kernelcache.stores.redis.guard import Guard, OversizedReply
+from kernelcache.stores.redis.layout import Layout
+from kernelcache.stores.redis.lease import RedisLease
 
 #: Chunks not yet published expire after this long (a writer that died mid-put).
 STAGING_SECONDS = 3600.0
 #: Chunks of a replaced or deleted entry stay readable this long for readers in flight.
 GRACE_SECONDS = 60.0
-#: A manifest may not name more chunks than this (it bounds the publish script's loop).
-MAX_CHUNKS = 100_000
-_SCAN_COUNT = 1000
-_PIPELINE_CHUNKS = 16
+#: Replacing a manifest expires at most this many old chunks (a forged one may claim more).
+MAX_CHUNKS = 65_536
 _READ_ATTEMPTS = 3
+_RECORD_REPLY = fmt.MAX_RECORD + chunks.REPLY_FRAMING
 
 
 class _Replaced(Exception):
@@ -56,26 +48,39 @@ class _Replaced(Exception):
 class RedisCounters(Counters):
     """A remote tier's counters: every tier's, plus what only a network tier meets."""
 
-    names = (*Counters.names, "timeouts", "skipped", "breaker_trips", "forged")
+    names = (
+        *Counters.names,
+        "timeouts",
+        "skipped",
+        "breaker_trips",
+        "forged",
+        "oversized",
+        "unverifiable",
+    )
 
     timeouts: int
     skipped: int  # calls not made while the circuit breaker was open
     breaker_trips: int
     forged: int  # values whose signature was missing or wrong
+    oversized: int  # values over the limits, refused before reading or inflating them
+    unverifiable: int  # signed values met without the secret: unreadable, left alone
 
 
 class RedisStore(Store):
-    """Entries in Redis for a team or cluster; every Redis failure is a counted StoreError.
+    """Entries in Redis or Redis Cluster; every Redis failure is a counted StoreError.
 
-    A reader never sees part of an entry (see the module docstring). With
-    ``secret`` every value is HMAC-SHA256-signed and unsigned or forged values
-    are rejected and counted. ``ttl`` (seconds) expires entries unused that
-    long; every hit refreshes it (sccache #275: entries in daily use went
-    cold), except on a ``read_only`` store, which sends read commands only so
-    that it works with a read-only Redis ACL user. After ``breaker_threshold``
-    consecutive connection failures or timeouts the tier is skipped for
-    ``breaker_cooldown`` seconds, then probed again. Query parameters of the
-    URL (``namespace``, ``ttl``, ``timeout``, ``readonly=1``) fill in what the
+    A reader never sees part of an entry. With ``secret`` every value is
+    signed (keyed BLAKE3) and unsigned or forged values are rejected and
+    counted; without it, signed values are unreadable (counted, never
+    deleted). ``ttl`` (seconds) expires entries unused that long; every hit
+    refreshes it (sccache #275), except on a ``read_only`` store, which sends
+    read commands only (a read-only Redis ACL user). Each call costs at most
+    ``timeout`` seconds whatever the server does (plus a transfer allowance
+    for chunks); after ``breaker_threshold`` consecutive failures the tier is
+    skipped for ``breaker_cooldown`` seconds. Entries over ``max_entry_size``
+    bytes are neither stored nor read. URL query parameters (``namespace``,
+    ``ttl``, ``timeout``, ``readonly=1``, ``max_entry_size``, ``cluster=1``,
+    ``replicas=1``) and the ``redis+cluster://`` scheme fill in what the
     arguments leave unset.
     """
 
@@ -95,82 +100,75 @@ class RedisStore(Store):
         compress_min: int = 4096,
         compress_level: int = 3,
         chunk_size: int = 4 << 20,
-        max_entry_size: int = 2 << 30,
+        max_entry_size: int | None = None,
         lease: float = 10.0,
         breaker_threshold: int = 3,
         breaker_cooldown: float = 10.0,
+        cluster: bool | None = None,
     ) -> None:
         url, options = redis_config.split_url(url)
         super().__init__(read_only=read_only or options.get("readonly", False))
         self.namespace = namespace or options.get("namespace", "default")
         ttl = options.get("ttl") if ttl is None else ttl
         timeout = options.get("timeout", 0.5) if timeout is None else timeout
-        redis_config.check_options(self.namespace, ttl, timeout, chunk_size, compress_min)
+        if max_entry_size is None:
+            max_entry_size = options.get("max_entry_size", redis_config.DEFAULT_MAX_ENTRY_SIZE)
+        redis_config.check_options(
+            self.namespace, ttl, timeout, chunk_size, compress_min, max_entry_size
+        )
+        self.cluster = bool(options.get("cluster", False) if cluster is None else cluster)
         self.ttl = ttl
         self.timeout = timeout
         self.secret = redis_config.secret_bytes(secret)
+        self._signer = fmt.Signer(self.secret) if self.secret is not None else None
         self.compress_min = compress_min
         self.compress_level = compress_level
         self.chunk_size = chunk_size
         self.max_entry_size = max_entry_size
         self.lease = lease
         self.breaker = CircuitBreaker(breaker_threshold, breaker_cooldown)
+        self.bad = BadValues()
         self._shown_url = redis_config.redact(url)
-        self._prefix = f"kc:{self.namespace}:"
-        self._entries = f"{self._prefix}e:"
+        self._layout = Layout(self.namespace)
         # A read-only store must work for an ACL user allowed only reads: no GETEX.
         self._ttl_ms = int(ttl * 1000) if ttl and not self.read_only else 0
-        self._client, self._errors = redis_config.connect(url, timeout)
-        self._scripts = {
-            name: self._client.register_script(lua)
-            for name, lua in (
-                ("publish", fmt.PUBLISH_LUA),
-                ("release", RELEASE_LUA),
-                ("renew", RENEW_LUA),
-            )
-        }
+        make = redis_client.factory(
+            url, timeout, cluster=self.cluster, replicas=options.get("replicas", False)
+        )
+        self.guard = Guard(
+            make,
+            timeout=timeout,
+            breaker=self.breaker,
+            counters=self.counters,
+            label=repr(self),
+            replicas=options.get("replicas", False),
+            make_breaker=(
+                (lambda: CircuitBreaker(breaker_threshold, breaker_cooldown))
+                if self.cluster
+                else None
+            ),
+        )
 
     def __repr__(self) -> str:
-        return f"RedisStore({self._shown_url!r}, namespace={self.namespace!r})"
+        kind = ", cluster" if self.cluster else ""
+        return f"RedisStore({self._shown_url!r}, namespace={self.namespace!r}{kind})"
 
-    # The guarded call: every Redis error becomes a counted StoreError ----------
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self.breaker.allow():
-            self._count("skipped")
-            raise StoreError(f"{self!r}: skipped, circuit open after repeated failures")
-        unreachable, timeout, any_error = self._errors
-        try:
-            result = fn(*args)
-        except unreachable as exc:
-            self._count("errors")
-            if isinstance(exc, timeout):
-                self._count("timeouts")
-            if self.breaker.record_failure():
-                self._count("breaker_trips")
-            raise StoreError(f"{self!r}: {type(exc).__name__}: {exc}") from exc
-        except any_error as exc:  # the server answered (an error reply): it is not down
-            self._count("errors")
-            self.breaker.record_success()
-            raise StoreError(f"{self!r}: {type(exc).__name__}: {exc}") from exc
-        self.breaker.record_success()
-        return result
-
-    def _script(self, name: str) -> Callable[..., Any]:
-        return self._scripts[name]  # type: ignore[no-any-return]
-
-    def _set_nx(self, name: str, token: str, lease_ms: int) -> bool:
-        reply = self._call(self._client.execute_command, "SET", name, token, "NX", "PX", lease_ms)
-        return reply is not None
-
-    def _read_command(self, name: str) -> tuple[Any, ...]:
+    def _read_args(self, name: str) -> tuple[Any, ...]:
         return ("GETEX", name, "PX", self._ttl_ms) if self._ttl_ms else ("GET", name)
 
     # Reads ---------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
         validate_key(key)
-        name = self._entries + key
+        name = self._layout.entry(key)
+        if self.bad and self.bad.holds(name):
+            self.counters.misses += 1
+            return None
         for _attempt in range(_READ_ATTEMPTS):
-            raw = self._call(self._client.execute_command, *self._read_command(name))
+            try:
+                raw = self.guard.get(*self._read_args(name), limit=_RECORD_REPLY)
+            except OversizedReply as exc:
+                self._refuse(key, None, fmt.OversizedEntry(str(exc), deletable=True))
+                return None
             if raw is None:
                 self.counters.misses += 1
                 return None
@@ -178,14 +176,8 @@ class RedisStore(Store):
                 entry, stored = self._decode(key, name, raw)
             except _Replaced:
                 continue
-            except fmt.ForgedEntry:
-                self._count("forged")  # never deleted: it may be a peer with another secret
-                self.counters.misses += 1
-                return None
-            except CorruptEntry:
-                self._count("corrupt")
-                self.counters.misses += 1
-                self._discard(name, raw)
+            except CorruptEntry as exc:
+                self._refuse(key, raw, exc)
                 return None
             self.counters.hits += 1
             self.counters.bytes_read += stored
@@ -193,60 +185,78 @@ class RedisStore(Store):
         self.counters.misses += 1  # replaced faster than we could read it, three times over
         return None
 
-    def _decode(self, key: str, name: str, raw: bytes) -> tuple[Entry, int]:
-        record = fmt.open_record(name.encode(), raw, self.secret)
-        if record.size > self.max_entry_size:
-            raise CorruptEntry(f"record claims {record.size} bytes, over max_entry_size")
-        payload: bytes | memoryview = record.body
-        stored = len(raw)
-        if record.flags & fmt.CHUNKED:
-            payload = self._read_chunks(key, name, raw, fmt.Manifest.decode(record.body))
-            stored += len(payload)
+    def _decode(self, key: str, name: str, raw: bytes | bytearray) -> tuple[Entry, int]:
+        record = fmt.open_record(name.encode(), raw, self._signer)
+        if not record.flags & fmt.CHUNKED:
+            fmt.check_size(record, record.end, self.max_entry_size)
+            body = memoryview(raw)[: record.end]
+            if record.flags & fmt.ZSTD:
+                return Entry.unpack(fmt.decompress(body, record.size), key), len(raw)
+            if isinstance(raw, bytes):  # small replies: the artifacts are sliced out of it
+                return fmt.unpack_prefix(raw, record.end, key), len(raw)
+            return Entry.unpack(body, key), len(raw)  # large ones: copied once out of the buffer
+        manifest = fmt.Manifest.decode(bytes(raw[: record.end]))
+        manifest.check(self.max_entry_size)
+        fmt.check_size(record, manifest.stored, self.max_entry_size)
+        payload = self._read_chunks(key, name, raw, manifest)
         if record.flags & fmt.ZSTD:
             payload = fmt.decompress(payload, record.size)
-        elif len(payload) != record.size:
-            raise CorruptEntry(f"payload is {len(payload)} bytes, the record says {record.size}")
-        return Entry.unpack(payload, key), stored
+        return Entry.unpack(payload, key), len(raw) + manifest.stored
 
-    def _read_chunks(self, key: str, name: str, raw: bytes, manifest: fmt.Manifest) -> bytes:
-        if manifest.chunks > MAX_CHUNKS or manifest.stored > self.max_entry_size:
-            raise CorruptEntry(f"manifest of {manifest.chunks} chunks is out of bounds")
-        base = f"{self._prefix}c:{key}:{manifest.write_id}:"
-        parts: list[bytes | None] = []
-        for start in range(0, manifest.chunks, _PIPELINE_CHUNKS):
-            pipe = self._client.pipeline(transaction=False)
-            for i in range(start, min(start + _PIPELINE_CHUNKS, manifest.chunks)):
-                pipe.execute_command(*self._read_command(f"{base}{i}"))
-            parts.extend(self._call(pipe.execute))
-        if any(part is None for part in parts):
-            if self._call(self._client.get, name) != raw:
+    def _read_chunks(
+        self, key: str, name: str, raw: bytes | bytearray, manifest: fmt.Manifest
+    ) -> bytes:
+        base = f"{self._layout.chunk_base(key)}{manifest.write_id}:"
+        parts = chunks.read(self.guard, base, manifest, self._read_args)
+        if parts is None:
+            if self.guard.get("GET", name, limit=_RECORD_REPLY) != raw:
                 raise _Replaced
             raise CorruptEntry("chunks of the entry are gone (expired or evicted by Redis)")
-        payload = b"".join(parts)  # type: ignore[arg-type]
+        payload = b"".join(parts)
         if len(payload) != manifest.stored:
             raise CorruptEntry(
                 f"chunks hold {len(payload)} bytes, the manifest says {manifest.stored}"
             )
-        if fmt.digest(payload, self.secret is not None) != manifest.digest:
+        if fmt.digest(payload, self._signer is not None) != manifest.digest:
             raise CorruptEntry("chunks fail the manifest's digest")
         return payload
 
-    def _discard(self, name: str, raw: bytes) -> None:
-        """Delete a damaged value, unless someone replaced it since we read it."""
-        if self.read_only or (raw[:3] == fmt.MAGIC and raw[3:4] != bytes([fmt.VERSION])):
-            return  # a record of another format version belongs to a peer: leave it
+    def _refuse(self, key: str, raw: bytes | bytearray | None, exc: CorruptEntry) -> None:
+        """Count a value that is not a hit; delete it or remember it as bad."""
+        self.counters.misses += 1
+        name = self._layout.entry(key)
+        if isinstance(exc, fmt.OtherVersion):
+            return  # a clean miss: another version's record, left to its writers
+        if isinstance(exc, fmt.ForgedEntry):
+            self._count("forged")  # kept: it may be a peer with another secret
+        elif isinstance(exc, fmt.UnverifiableEntry):
+            self._count("unverifiable")  # kept: a peer with the secret can read it
+        elif isinstance(exc, fmt.OversizedEntry):
+            self._count("oversized")
+        else:
+            self._count("corrupt")
+        deletable = not isinstance(exc, (fmt.ForgedEntry, fmt.UnverifiableEntry)) and getattr(
+            exc, "deletable", True
+        )
+        if not (deletable and not self.read_only and self._delete_bad(key, name, raw)):
+            self.bad.add(name)
+
+    def _delete_bad(self, key: str, name: str, raw: bytes | bytearray | None) -> bool:
+        """Whether the bad value is gone; a failure is counted, and the value remembered."""
         try:
-            self._publish(
-                name, b"", "", 0, expect=hashlib.sha1(raw, usedforsecurity=False).hexdigest()
-            )
+            if raw is None:  # never read whole: drop it while it is still too long to be ours
+                self.guard.run_script(chunks.DROP_LONGER_LUA, [name], [fmt.MAX_RECORD])
+            else:  # unless someone replaced it since we read it
+                self._publish(name, key, b"", "", 0, expect=listing.fingerprint(raw))
         except StoreError:
-            return  # counted; the next put overwrites the damaged value anyway
+            return False
+        return True
 
     # Writes --------------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
-        name = self._entries + key
+        name = self._layout.entry(key)
         parts = entry.pack_parts(key)
         size = sum(map(len, parts))
         if size > self.max_entry_size:
@@ -254,64 +264,74 @@ class RedisStore(Store):
             raise StoreError(f"{self!r}: entry of {size} bytes is over max_entry_size")
         flags, payload = self._encode(parts, size)
         if len(payload) <= self.chunk_size:
-            record = fmt.seal(name.encode(), flags, size, payload, self.secret)
-            self._publish(name, record, "", 0)
+            record = fmt.seal(name.encode(), flags, size, payload, self._signer)
+            self._publish(name, key, record, "", 0)
             stored = len(record)
         else:
             stored = self._put_chunked(key, name, flags, size, payload)
+        self.bad.discard(name)
         self._count("puts")
         self._count("bytes_written", stored)
         return bound(entry, key)
 
     def _encode(self, parts: list[bytes], size: int) -> tuple[int, bytes]:
         if size >= self.compress_min and fmt.worth_compressing(parts, self.compress_level):
-            packed = fmt.compress(parts, size, self.compress_level)
-            if len(packed) < size * 0.9:  # incompressible payloads are stored as they are
-                return fmt.ZSTD, packed
+            frame = fmt.compress(parts, size, self.compress_level)
+            if frame is not None:
+                return fmt.ZSTD, frame
         return 0, b"".join(parts)
 
     def _put_chunked(self, key: str, name: str, flags: int, size: int, payload: bytes) -> int:
-        import secrets
-
         write_id = secrets.token_hex(16)
-        base = f"{self._prefix}c:{key}:{write_id}:"
-        view = memoryview(payload)
-        starts = range(0, len(payload), self.chunk_size)
-        for first in range(0, len(starts), _PIPELINE_CHUNKS):
-            pipe = self._client.pipeline(transaction=False)
-            for i in range(first, min(first + _PIPELINE_CHUNKS, len(starts))):
-                chunk = view[starts[i] : starts[i] + self.chunk_size]
-                pipe.set(f"{base}{i}", chunk, px=int(STAGING_SECONDS * 1000))
-            self._call(pipe.execute)
-        manifest = fmt.Manifest(
-            write_id, len(starts), len(payload), fmt.digest(payload, self.secret is not None)
-        )
-        record = fmt.seal(name.encode(), flags | fmt.CHUNKED, size, manifest.encode(), self.secret)
-        if self._publish(name, record, write_id, len(starts)) < 0:
+        base = f"{self._layout.chunk_base(key)}{write_id}:"
+        staging_ms = int(STAGING_SECONDS * 1000)
+        count = chunks.write(self.guard, base, payload, self.chunk_size, staging_ms)
+        digest = fmt.digest(payload, self._signer is not None)
+        manifest = fmt.Manifest(write_id, count, self.chunk_size, len(payload), digest)
+        record = fmt.seal(name.encode(), flags | fmt.CHUNKED, size, manifest.encode(), self._signer)
+        if self._publish(name, key, record, write_id, count) < 0:
             self._count("errors")
             raise StoreError(f"{self!r}: chunks of {key} expired before they could be published")
         return len(record) + len(payload)
 
     def _publish(
-        self, name: str, record: bytes, write_id: str, chunks: int, expect: str = ""
+        self, name: str, key: str, record: bytes, write_id: str, count: int, expect: str = ""
     ) -> int:
-        base = f"{self._prefix}c:{name[len(self._entries) :]}:"
         args = [
             record,
             self._ttl_ms,
-            base,
+            self._layout.chunk_base(key),
             write_id,
-            chunks,
+            count,
             int(GRACE_SECONDS * 1000),
             expect,
             MAX_CHUNKS,
         ]
-        return int(self._call(self._scripts["publish"], [name], args))
+        return int(self.guard.run_script(chunks.PUBLISH_LUA, [name], args, moving=len(record)))
 
     def delete(self, key: str) -> bool:
         validate_key(key)
         self._check_writable()
-        removed = self._publish(self._entries + key, b"", "", 0) > 0
+        name = self._layout.entry(key)
+        removed = self._publish(name, key, b"", "", 0) > 0
+        self.bad.discard(name)
+        if removed:
+            self._count("deletes")
+        return removed
+
+    def remove_if_unchanged(self, info: EntryInfo) -> bool:
+        """Remove the entry ``info`` describes, unless it was published again since.
+
+        A fingerprint of the record is in ``info.extra`` (from :meth:`scan` or
+        :meth:`info`); the publish script compares it and deletes in one step.
+        """
+        expect = info.extra.get("fingerprint")
+        if not isinstance(expect, str):
+            return self.delete(info.key)
+        validate_key(info.key)
+        self._check_writable()
+        name = self._layout.entry(info.key)
+        removed = self._publish(name, info.key, b"", "", 0, expect=expect) > 0
         if removed:
             self._count("deletes")
         return removed
@@ -321,64 +341,31 @@ class RedisStore(Store):
         validate_key(key)
         if self.read_only:
             return None
-        return RedisLease(self, f"{self._prefix}lock:{key}", lease=self.lease)
+        return RedisLease(self.guard, self._layout.lock(key), lease=self.lease)
 
-    # Listing (SCAN, never KEYS: KEYS blocks the server for the whole keyspace) -----
-    def _scan_names(self) -> Iterator[list[str]]:
-        cursor = 0
-        pattern = self._entries + "*"
-        while True:
-            cursor, names = self._call(self._client.scan, cursor, pattern, _SCAN_COUNT)
-            keys = [n.decode(errors="replace")[len(self._entries) :] for n in names]
-            yield [k for k in keys if is_valid_key(k)]
-            if cursor == 0:
-                return
-
+    # Listing ---------------------------------------------------------------------
     def keys(self) -> Iterator[str]:
-        for batch in self._scan_names():
+        for _node, batch in listing.keys(self.guard, self._layout):
             yield from batch
 
     def scan(self) -> Iterator[EntryInfo]:
-        for batch in self._scan_names():
-            pipe = self._client.pipeline(transaction=False)
-            for key in batch:  # OBJECT IDLETIME first: the reads after it reset the idle clock
-                pipe.object("idletime", self._entries + key)
-                pipe.getrange(self._entries + key, 0, fmt.PREFIX_BYTES - 1)
-                pipe.strlen(self._entries + key)
-            replies = self._call(pipe.execute, False)
-            now = time.time()
-            for i, key in enumerate(batch):
-                info = _entry_info(key, now, *replies[3 * i : 3 * i + 3])
-                if info is not None:
-                    yield info
+        return listing.infos(self.guard, self._layout)
+
+    def info(self, key: str) -> EntryInfo | None:
+        validate_key(key)
+        return listing.info(self.guard, self._layout, key)
 
     def stats(self) -> dict[str, Any]:
+        open_nodes = [n for n, b in self.guard.node_breakers.items() if b.state != "closed"]
         return {
             **super().stats(),
             "breaker": self.breaker.state,
+            "open_nodes": sorted(open_nodes),
             "url": self._shown_url,
             "namespace": self.namespace,
+            "cluster": self.cluster,
         }
 
     def close(self) -> None:
-        self._client.close()
+        self.guard.close()
         super().close()
-
-
-def _entry_info(key: str, now: float, idle: Any, prefix: Any, strlen: Any) -> EntryInfo | None:
-    if not isinstance(prefix, bytes) or not prefix:
-        return None  # gone since the SCAN, or not a string
-    try:
-        flags, size, manifest = fmt.peek(prefix)
-    except CorruptEntry:
-        return None  # not one of ours: neither listed nor touched
-    stored = int(strlen) + (manifest.stored if manifest else 0)
-    last_access = now - idle if isinstance(idle, int) else 0.0  # no IDLETIME under LFU policies
-    extra = {
-        "packed_size": size,
-        "compressed": bool(flags & fmt.ZSTD),
-        "signed": bool(flags & fmt.SIGNED),
-    }
-    if manifest:
-        extra["chunks"] = manifest.chunks
-    return EntryInfo(key, stored, last_access, extra=extra)
