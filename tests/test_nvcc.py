@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kernelcache.nvcc import args as nvcc_args
-from kernelcache.nvcc import launcher_stats, main
+from kernelcache.nvcc.launcher import launcher_stats, main
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -196,7 +196,25 @@ KEY_TABLE = [
     pytest.param(
         _edit("common.cuh", COMMON.replace("2.0f", "3.0f")), BASE, {}, "misses", id="header-edit"
     ),
-    pytest.param(_edit("k.cu", KERNEL + "// edited\n"), BASE, {}, "misses", id="source-edit"),
+    pytest.param(
+        _edit("k.cu", KERNEL.replace("256", "128")), BASE, {}, "misses", id="source-edit"
+    ),
+    # Preprocessed the same: found through the preprocessed key.
+    pytest.param(_edit("k.cu", KERNEL + "// edited\n"), BASE, {}, "hits", id="source-comment"),
+    pytest.param(
+        _edit("common.cuh", COMMON.replace("#pragma once", "#pragma once  // a note")),
+        BASE,
+        {},
+        "hits",
+        id="header-comment",
+    ),
+    pytest.param(
+        _edit("common.cuh", COMMON.replace("2.0f * v", "2.0f  *  v")),
+        BASE,
+        {},
+        "hits",
+        id="header-spaces",
+    ),
     pytest.param(_nothing, [*BASE, "-DFOO=1"], {}, "misses", id="define"),
     pytest.param(_nothing, ["nvcc", "-arch=sm_80", *BASE[2:]], {}, "misses", id="arch"),
     pytest.param(_nothing, BASE, {"NVCC_APPEND_FLAGS": "-DBAR"}, "misses", id="nvcc-append-flags"),
@@ -315,8 +333,16 @@ UNCACHEABLE = [
     pytest.param(
         ["-c", "k.cu", "-o", "k.o", "-fancy-flag"], "unknown option -fancy-flag", id="unknown"
     ),
-    pytest.param(["-c", "k.cu"], "no -o", id="no-output"),
-    pytest.param(["-c", "k.cu", "-o", "k.o", "-MD"], "without -MF", id="md-without-mf"),
+    pytest.param(
+        ["-forward-unknown-to-host-compiler", "-c", "k.cu", "-save-temps=obj"],
+        "-save-temps",
+        id="forwarded-host-option-that-writes-files",
+    ),
+    pytest.param(
+        ["-forward-unknown-to-host-compiler", "-c", "k.cu", "-MQ", "x"],
+        "-MQ",
+        id="forwarded-dependency-option",
+    ),
     pytest.param(["-c", "k.cu", "-o", "k.o", "--keep"], "intermediate", id="keep"),
     pytest.param(["-M", "k.cu"], "-M", id="deps-only"),
     pytest.param(["-lib", "k.cu", "-o", "k.a"], "library", id="lib"),

@@ -163,12 +163,16 @@ def executable(path: str) -> str:
         return failed(exc)
 
 
-def which(name: str) -> str | None:
-    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path."""
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(folder or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
+def which(name: str, path: str | None = None) -> str | None:
+    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path.
+
+    ``path`` is the search path (default: ``PATH`` of this process).
+    """
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    for folder in search.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     return None
 
 

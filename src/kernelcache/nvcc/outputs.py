@@ -1,9 +1,9 @@
 """What a launcher hit writes: the output, the dependency file, nvcc's messages.
 
 Each file is written atomically and byte-identical to what nvcc wrote on the
-miss; the dependency file gets this call's ``-o`` as its target unless the
-compile named one (``-MT``). The miss path replays nvcc's stdout and
-stderr with :func:`replay` too.
+miss; the dependency file gets this call's target (``-o``, or the object name
+nvcc picks) unless the compile named one (``-MT``). nvcc's stdout and stderr
+are replayed by the caller (the server hands them to its client).
 """
 
 from __future__ import annotations
@@ -41,20 +41,19 @@ def write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def restore(inv: Invocation, result: Entry, basedir: str | None) -> bool:
+def write_outputs(inv: Invocation, result: Entry, basedir: str | None) -> bool:
     """Write the cached outputs; ``False`` (nvcc then runs) if they cannot be written."""
     try:
         depfile = None
         if inv.depfile is not None:
             depfile = nvcc_deps.from_stored(result["depfile"], basedir)
             if not result.meta.get("explicit_target"):
-                depfile = os.fsencode(inv.output or "") + depfile
+                depfile = os.fsencode(inv.target) + depfile
         write_atomic(inv.output or "", result["output"])
         if depfile is not None:
             write_atomic(inv.depfile or "", depfile)
     except (OSError, KeyError, ValueError):
         return False
-    replay(result["stdout"], result["stderr"])
     return True
 
 
