@@ -40,7 +40,8 @@ LOG = b"launcher.log"
 STARTING = b"launcher.starting"
 #: A start marker older than this belongs to a start that failed: try again.
 START_GRACE_NS = 10_000_000_000
-#: How long a client waits for its answer before compiling by itself.
+#: How long a client waits for its answer before compiling by itself
+#: (``KERNELCACHE_SERVER_TIMEOUT`` seconds).
 REPLY_TIMEOUT = 120.0
 _SUN_PATH_MAX = 107
 
@@ -130,7 +131,15 @@ def _is_false(value: bytes | None) -> bool:
     return value is not None and value.strip().lower() in (b"0", b"false", b"no", b"off")
 
 
-def _connect(directory: bytes) -> _socket.socket | None:
+def _timeout(value: bytes | None) -> float:
+    try:
+        seconds = float(value) if value is not None else REPLY_TIMEOUT
+    except ValueError:
+        return REPLY_TIMEOUT
+    return seconds if seconds > 0 else REPLY_TIMEOUT
+
+
+def _connect(directory: bytes, timeout: float) -> _socket.socket | None:
     """A connection to this user's server for ``directory``; ``None`` if there is none."""
     path = directory + b"/" + SOCKET
     try:
@@ -148,7 +157,7 @@ def _connect(directory: bytes) -> _socket.socket | None:
         path = b"/proc/self/fd/%d/" % fd + SOCKET
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
-        sock.settimeout(REPLY_TIMEOUT)
+        sock.settimeout(timeout)
         sock.connect(path)
         cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
         if int.from_bytes(cred[4:8], sys.byteorder) != posix.getuid():
@@ -165,7 +174,7 @@ def _connect(directory: bytes) -> _socket.socket | None:
 
 def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
     """The server's answer to this call, or ``None`` when no server could give one."""
-    sock = _connect(directory)
+    sock = _connect(directory, _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT")))
     if sock is None:
         return None
     env = [k + b"=" + v for k, v in _environ().items()]
@@ -195,6 +204,10 @@ def start_server(directory: bytes) -> None:
     except OSError:
         return  # no cache directory yet: the in-process run creates it
     posix.close(fd)
+    try:  # the log is as private as the rest of the directory
+        posix.close(posix.open(directory + b"/" + LOG, posix.O_WRONLY | posix.O_CREAT, 0o600))
+    except OSError:
+        return
     env = dict(_environ())
     env[b"KERNELCACHE_DIR"] = directory
     # sh puts the server in the background and exits at once: the server is

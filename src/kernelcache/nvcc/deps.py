@@ -169,6 +169,7 @@ def add_variant(
     variants: list[dict[str, Any]], rows: list[list[Any]], absent: list[list[Any]], result: str
 ) -> list[dict[str, Any]]:
     """``variants`` with this one first and older ones with the same dependencies dropped."""
+
     def contents(v_rows: Any) -> list[list[Any]]:
         return [list(row[:2]) for row in v_rows]
 

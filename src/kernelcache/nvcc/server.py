@@ -148,7 +148,7 @@ class Server:
         if hit is None or not write_outputs(inv, hit[1], job.basedir):
             return [b"fallback", b"miss"]
         result = hit[1]
-        Outcome("hits", saved=saved_seconds(result)).record(settings)
+        Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
         return [b"hit", b"0", result["stdout"], result["stderr"]]
 
     def _cache(self, settings: Settings) -> Cache:
