@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,10 +52,18 @@ def clean_env(cache_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) -> None:
-    """Start the server for ``cache_dir`` as a client would, and wait until it listens."""
+    """Start the server for ``cache_dir`` as a client does, with ``env``; wait until it listens."""
+    from kernelcache.nvcc import client
+
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    script = 'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >>"$1/launcher.log" 2>&1 &'
-    subprocess.run(["/bin/sh", "-c", script, sys.executable, str(cache_dir)], env=env, check=True)
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        client.start_server(os.fsencode(cache_dir))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     wait_for(lambda: (cache_dir / "launcher.sock").exists(), timeout, "the server to listen")
 
 
