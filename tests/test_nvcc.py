@@ -476,3 +476,39 @@ def test_kernelcache_stats_reports_the_launcher(warm_project: Path, workspace: P
     assert launcher["reasons"]["--version"] >= 1
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "nvcc launcher (lifetime): hits" in text and "--version" in text
+
+
+def test_debug_info_shares_across_checkouts_only_when_asked(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-lineinfo names the directory: keyed by default; KERNELCACHE_HASH_DIR=0 shares it.
+
+    Shared, the restored object names the first checkout (as with ccache's
+    hash_dir = false): that is the documented price.
+    """
+    first = make_project(workspace / "debug" / "one")
+    second = workspace / "debug" / "two"
+    shutil.copytree(first, second)
+    settle()
+    argv = ["nvcc", "-arch=sm_90", "-lineinfo", "-cubin", "k.cu", "-o", "k.cubin"]
+    monkeypatch.chdir(first)
+    assert launch(argv) == (0, "misses")
+    assert str(first).encode() in (first / "k.cubin").read_bytes()
+    monkeypatch.chdir(second)
+    assert launch(argv) == (0, "misses"), "the directory is keyed when debug info names it"
+    monkeypatch.setenv("KERNELCACHE_HASH_DIR", "0")
+    monkeypatch.chdir(first)
+    assert launch(argv) == (0, "misses")  # a new key, without the directory
+    monkeypatch.chdir(second)
+    assert launch(argv) == (0, "hits")
+    restored = (second / "k.cubin").read_bytes()
+    assert str(first).encode() in restored and str(second).encode() not in restored
+
+
+def test_a_bad_launcher_setting_never_fails_the_build(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(make_project(workspace / "badflag"))
+    monkeypatch.setenv("KERNELCACHE_HASH_DIR", "sometimes")
+    assert main(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"]) == 0
+    assert "KERNELCACHE_HASH_DIR" in capfd.readouterr().err

@@ -84,7 +84,8 @@ def host_compiler(inv: Invocation, env: Mapping[str, str]) -> str | None:
 
 def names_directory(inv: Invocation, env: Mapping[str, str]) -> bool:
     """Whether the working directory is keyed: debug info names it, unless hash_dir is off."""
-    return inv.debug and flag(env, "KERNELCACHE_HASH_DIR", True)
+    hash_dir = flag(env, "KERNELCACHE_HASH_DIR", True)  # checked always: a typo must show
+    return inv.debug and hash_dir
 
 
 def command_key(nvcc: str, inv: Invocation, env: Mapping[str, str]) -> str:
