@@ -129,13 +129,21 @@ def record(
 
 def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
     """Whether every recorded dependency still has its recorded content."""
+    stat = os.stat
     for stored, digest, sig in rows:
-        path = resolve(stored, basedir)
+        path = resolve(stored, basedir) if basedir or stored.startswith(BASE_TOKEN) else stored
         if path is None:
             return False
         try:
-            st = os.stat(path)
-            if sig is not None and signature(st) == sig:
+            st = stat(path)
+            # The signature, compared field by field: one call per dependency on every hit.
+            if (
+                sig is not None
+                and st.st_mtime_ns == sig[1]
+                and st.st_size == sig[0]
+                and st.st_ctime_ns == sig[2]
+                and st.st_ino == sig[3]
+            ):
                 continue
             if _digest(path, st) != digest:
                 return False
