@@ -17,6 +17,7 @@ import json
 import os
 import time
 
+from kernelcache import _fs
 from kernelcache.keys import file_sha256 as _sha256
 from kernelcache.keys import sha256
 from kernelcache.nvcc.args import BASE_TOKEN, normalize_path
@@ -36,9 +37,6 @@ MAX_VARIANTS = 8
 #: have changed during the compile (timestamps are coarser than the clock):
 #: the result is not cached (ccache: "include file modified during compilation").
 RACE_SLOP_NS = 20_000_000
-#: Files changed this recently are recorded without a stat signature, so the
-#: next call hashes their content ("file too new" in ccache).
-TOO_NEW_NS = 2_000_000_000
 #: The manifest's one artifact: its variants as JSON.
 MANIFEST = "manifest.json"
 
@@ -92,7 +90,8 @@ def from_stored(text: bytes, basedir: str | None) -> bytes:
 
 
 def signature(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    """``_fs.signature`` as stored in a manifest (JSON: a list)."""
+    return list(_fs.signature(st))
 
 
 def resolve(stored: str, basedir: str | None) -> str | None:
@@ -121,7 +120,9 @@ def record(
         newest = max(after.st_mtime_ns, after.st_ctime_ns)
         if signature(before) != signature(after) or newest >= started_ns - RACE_SLOP_NS:
             return None
-        sig = signature(after) if now - newest > TOO_NEW_NS else None
+        # A file changed too recently is recorded without a signature: the next
+        # lookup hashes it (ccache's "file too new").
+        sig = None if _fs.too_new(after, now) else signature(after)
         rows.append([normalize_path(path, basedir), sha256(data).hexdigest(), sig])
         contents[path] = data
     return rows, contents
@@ -139,10 +140,11 @@ def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
             # The signature, compared field by field: one call per dependency on every hit.
             if (
                 sig is not None
-                and st.st_mtime_ns == sig[1]
-                and st.st_size == sig[0]
-                and st.st_ctime_ns == sig[2]
-                and st.st_ino == sig[3]
+                and st.st_mtime_ns == sig[3]
+                and st.st_ino == sig[1]
+                and st.st_size == sig[2]
+                and st.st_ctime_ns == sig[4]
+                and st.st_dev == sig[0]
             ):
                 continue
             if _digest(path, st) != digest:
@@ -155,7 +157,7 @@ def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
 #: Digests of files this process hashed, by path and stat signature. A
 #: long-lived process (the launcher's server) then hashes a file recorded as
 #: "too new" once, not on every lookup, as long as its signature is old
-#: enough to trust (TOO_NEW_NS).
+#: enough to trust (``_fs.too_new``).
 _DIGESTS: dict[str, tuple[list[int], str]] = {}
 _DIGESTS_MAX = 65536
 
@@ -166,7 +168,7 @@ def _digest(path: str, st: os.stat_result) -> str:
     if known is not None and known[0] == sig:
         return known[1]
     digest = _sha256(path)
-    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > TOO_NEW_NS:
+    if not _fs.too_new(st, time.time_ns()):
         if len(_DIGESTS) >= _DIGESTS_MAX:
             _DIGESTS.clear()
         _DIGESTS[os.path.abspath(path)] = (sig, digest)

@@ -25,8 +25,9 @@ import os
 import re
 import time
 
+from kernelcache import _fs
 from kernelcache.nvcc.args import normalize_path
-from kernelcache.nvcc.deps import TOO_NEW_NS, resolve, signature
+from kernelcache.nvcc.deps import resolve, signature
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
 TYPE_CHECKING = False
@@ -127,8 +128,7 @@ def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:
         except OSError:
             sig = None
         else:
-            newest = max(st.st_mtime_ns, st.st_ctime_ns)
-            sig = signature(st) if now - newest > TOO_NEW_NS else None
+            sig = None if _fs.too_new(st, now) else signature(st)
         out.append([normalize_path(parent, basedir), sig, names])
     return out
 

@@ -8,10 +8,10 @@ are replayed by the caller (the server hands them to its client).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
+from kernelcache import _fs
 from kernelcache.nvcc import deps as nvcc_deps
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
@@ -19,26 +19,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from kernelcache.entry import Entry
     from kernelcache.nvcc.args import Invocation
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Write ``path`` so that it is never seen partially written (make trusts mtimes).
-
-    The old file is unlinked before the rename: on ext4, renaming over (or
-    truncating) a file forces a flush of the new data (``auto_da_alloc``),
-    which cost ~2 ms per output here.
-    """
-    tmp = f"{path}.kctmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_outputs(inv: Invocation, result: Entry, basedir: str | None) -> bool:
@@ -49,9 +29,11 @@ def write_outputs(inv: Invocation, result: Entry, basedir: str | None) -> bool:
             depfile = nvcc_deps.from_stored(result["depfile"], basedir)
             if not result.meta.get("explicit_target"):
                 depfile = os.fsencode(inv.target) + depfile
-        write_atomic(inv.output or "", result["output"])
+        # Written whole and renamed into place: make trusts mtimes. The old file
+        # goes first (no ext4 flush on rename), and the mode is nvcc's (umask).
+        _fs.write_atomic(inv.output or "", result["output"], mode=0o666, unlink_first=True)
         if depfile is not None:
-            write_atomic(inv.depfile or "", depfile)
+            _fs.write_atomic(inv.depfile or "", depfile, mode=0o666, unlink_first=True)
     except (OSError, KeyError, ValueError):
         return False
     return True

@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 
-from kernelcache.cache import Cache, default_tiers
+from kernelcache.cache import Cache
 from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
@@ -40,6 +40,7 @@ from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import resolve_compiler
 from kernelcache.nvcc.outputs import write_outputs
 from kernelcache.settings import Settings
+from kernelcache.tiers import default_tiers
 
 DEFAULT_IDLE = 600.0
 #: Held (flock) by the running server, which writes its pid into it.
