@@ -60,11 +60,17 @@ class Job:
         self.sloppy = nvcc_key.sloppiness(env)
 
     @classmethod
-    def prepare(cls, nvcc: str, inv: Invocation, env: Mapping[str, str]) -> Job:
+    def prepare(
+        cls,
+        nvcc: str,
+        inv: Invocation,
+        env: Mapping[str, str],
+        known: nvcc_key.Identities | None = None,
+    ) -> Job:
         """Raises ``OSError`` when the source cannot be read, ``ValueError`` on a bad setting."""
         with open(inv.source or "", "rb") as f:
             source = f.read()
-        command = nvcc_key.command_key(nvcc, inv, env)
+        command = nvcc_key.command_key(nvcc, inv, env, known)
         return cls(nvcc, inv, env, command, nvcc_key.direct_key(command, source))
 
     def user_dirs(self) -> list[str]:

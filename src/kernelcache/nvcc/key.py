@@ -24,7 +24,7 @@ from kernelcache.nvcc.args import Invocation
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 #: Environment variables that change what nvcc (or the gcc it runs) produces.
@@ -88,15 +88,83 @@ def names_directory(inv: Invocation, env: Mapping[str, str]) -> bool:
     return inv.debug and hash_dir
 
 
-def command_key(nvcc: str, inv: Invocation, env: Mapping[str, str]) -> str:
+class Identities:
+    """Toolchain identities a long-lived process (the server) already knows are unchanged.
+
+    ``kernelcache.toolchain`` memoises an identity by the stat signatures of
+    the real file (and of the files a wrapper script names); recomputing that
+    costs a ``realpath`` and a read of the file's head per call. Here a
+    compiler that is not a script (so names no other files) is remembered with
+    the signatures of its path (``stat`` follows links: another target has
+    another inode) and of ``nvcc.profile``, unless one is too new to trust.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[list[tuple[int, ...] | None], str]] = {}
+
+    def nvcc(self, path: str) -> str:
+        from kernelcache import toolchain
+
+        return self._get("nvcc", path, toolchain.nvcc)
+
+    def executable(self, path: str) -> str:
+        from kernelcache import toolchain
+
+        return self._get("exe", path, toolchain.executable)
+
+    def _get(self, kind: str, path: str, probe: Callable[[str], str]) -> str:
+        files = [path]
+        if kind == "nvcc":
+            files.append(os.path.join(os.path.dirname(os.path.realpath(path)), "nvcc.profile"))
+        sigs = [_stat_signature(f) for f in files]
+        known = self._known.get(kind + "\0" + path)
+        if known is not None and known[0] == sigs:
+            return known[1]
+        identity = probe(path)
+        if not identity.startswith("probe_failed:") and _memoisable(path, sigs):
+            self._known[kind + "\0" + path] = (sigs, identity)
+        return identity
+
+
+def _stat_signature(path: str) -> tuple[int, ...] | None:
+    from kernelcache import _fs
+
+    try:
+        return _fs.signature(os.stat(path))
+    except OSError:
+        return None
+
+
+def _memoisable(path: str, sigs: list[tuple[int, ...] | None]) -> bool:
+    import time
+
+    from kernelcache._fs import TOO_NEW_NS
+
+    now = time.time_ns()  # a signature too new does not vouch for the content (_fs.too_new)
+    if sigs[0] is None or any(s is not None and now - max(s[3], s[4]) < TOO_NEW_NS for s in sigs):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) != b"#!"  # a wrapper script: its targets can change under it
+    except OSError:
+        return False
+
+
+def command_key(
+    nvcc: str, inv: Invocation, env: Mapping[str, str], known: Identities | None = None
+) -> str:
     """Everything but the sources' content (see the module docstring)."""
     from kernelcache import toolchain
     from kernelcache.keys import KeyBuilder
 
     host = host_compiler(inv, env)
+    nvcc_id = known.nvcc(nvcc) if known else toolchain.nvcc(nvcc)
+    host_id = "probe_failed:FileNotFoundError"
+    if host:
+        host_id = known.executable(host) if known else toolchain.executable(host)
     builder = KeyBuilder("kernelcache.nvcc.command")
-    builder.add("nvcc", toolchain.nvcc(nvcc))
-    builder.add("host", toolchain.executable(host) if host else "probe_failed:FileNotFoundError")
+    builder.add("nvcc", nvcc_id)
+    builder.add("host", host_id)
     builder.add("args", inv.keyed)
     builder.add("env", {name: env.get(name) for name in ENV_VARS})
     builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)

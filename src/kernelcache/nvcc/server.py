@@ -37,7 +37,7 @@ from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
-from kernelcache.nvcc.key import resolve_compiler
+from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.outputs import write_outputs
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
@@ -60,6 +60,7 @@ class Server:
         self.directory = os.path.abspath(directory)
         self.idle = idle
         self.caches: dict[Settings, Cache] = {}
+        self.known = Identities()
         self.dir_id = _identity(os.stat(self.directory))
         self.path = os.path.join(self.directory, os.fsdecode(SOCKET))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,7 +142,7 @@ class Server:
             Outcome("uncacheable", reason=inv.reason).record(settings)
             return [b"plain", os.fsencode(nvcc)]
         try:
-            job = Job.prepare(nvcc, inv, env)
+            job = Job.prepare(nvcc, inv, env, self.known)
             cache = self._cache(settings)
             hit = lookup(cache.get, job)
         except (OSError, ValueError, KernelCacheError):
