@@ -132,13 +132,15 @@ CLIENT_IMPORTS = {
     "_socket",
     "__future__",  # kernelcache/__init__.py's ``from __future__ import annotations``
 }
-_LIST_MODULES = """import atexit, sys
+_LIST_MODULES = """import posix, sys
 out = sys.argv.pop(1)
 sys.argv[0] = sys.argv.pop(1)
-def dump():
+exit_now = posix._exit
+def listing_exit(code):  # the client ends with posix._exit: list the modules first
     with open(out, "w") as f:
-        f.write("\\n".join(sorted(set(sys.modules) - {"atexit"})))
-atexit.register(dump)
+        f.write("\\n".join(sorted(sys.modules)))
+    exit_now(code)
+posix._exit = listing_exit
 """
 
 
@@ -160,7 +162,7 @@ def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
         capture_output=True,
         check=True,
     ).stdout.split()
-    # The front's own Python, as sh starts it (-I -S), with the list written at exit.
+    # The front's own Python, as sh starts it (-I -S), with the list written as it exits.
     listing = tmp_path / "modules.txt"
     script = _LIST_MODULES + f"exec(compile(open({str(front)!r}).read(), {str(front)!r}, 'exec'))"
     try:
