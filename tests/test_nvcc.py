@@ -512,3 +512,33 @@ def test_a_bad_launcher_setting_never_fails_the_build(
     monkeypatch.setenv("KERNELCACHE_HASH_DIR", "sometimes")
     assert main(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"]) == 0
     assert "KERNELCACHE_HASH_DIR" in capfd.readouterr().err
+
+
+def test_server_identities_follow_a_wrapper_scripts_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server remembers toolchain identities, re-checked by stat: a new target is seen."""
+    from kernelcache import toolchain
+    from kernelcache.nvcc.key import Identities
+
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "cache"))
+    real = tmp_path / "real-cc"
+    real.write_text("#!/bin/sh\necho 'cc 1.0'\n")
+    real.chmod(0o755)
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    time.sleep(2.1)  # older than _fs.TOO_NEW_NS: stats may vouch for them
+    probed: list[str] = []
+    probe = toolchain.executable
+
+    def counting(path: str) -> str:
+        probed.append(path)
+        return probe(path)
+
+    monkeypatch.setattr(toolchain, "executable", counting)
+    known = Identities()
+    first = known.executable(str(wrapper))
+    assert known.executable(str(wrapper)) == first and len(probed) == 1  # remembered
+    real.write_text("#!/bin/sh\necho 'cc 2.0'\n")  # the target changes, the wrapper does not
+    assert known.executable(str(wrapper)) != first and len(probed) == 2

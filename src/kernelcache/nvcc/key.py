@@ -92,15 +92,16 @@ class Identities:
     """Toolchain identities a long-lived process (the server) already knows are unchanged.
 
     ``kernelcache.toolchain`` memoises an identity by the stat signatures of
-    the real file (and of the files a wrapper script names); recomputing that
-    costs a ``realpath`` and a read of the file's head per call. Here a
-    compiler that is not a script (so names no other files) is remembered with
-    the signatures of its path (``stat`` follows links: another target has
-    another inode) and of ``nvcc.profile``, unless one is too new to trust.
+    the files it depends on, but finding them again costs a ``realpath``, a
+    read of the file's head and the memo file's settings on every call. Here
+    those files (the compiler as named, the files a wrapper script names,
+    nvcc's ``nvcc.profile``) are found once and re-checked by ``stat`` alone
+    (``stat`` follows links: another target has another inode); an identity
+    whose files are too new to vouch for their content is not remembered.
     """
 
     def __init__(self) -> None:
-        self._known: dict[str, tuple[list[tuple[int, ...] | None], str]] = {}
+        self._known: dict[str, tuple[list[str], list[tuple[int, ...] | None], str]] = {}
 
     def nvcc(self, path: str) -> str:
         from kernelcache import toolchain
@@ -113,17 +114,32 @@ class Identities:
         return self._get("exe", path, toolchain.executable)
 
     def _get(self, kind: str, path: str, probe: Callable[[str], str]) -> str:
-        files = [path]
-        if kind == "nvcc":
-            files.append(os.path.join(os.path.dirname(os.path.realpath(path)), "nvcc.profile"))
-        sigs = [_stat_signature(f) for f in files]
         known = self._known.get(kind + "\0" + path)
-        if known is not None and known[0] == sigs:
-            return known[1]
+        if known is not None and [_stat_signature(f) for f in known[0]] == known[1]:
+            return known[2]
+        files = _identity_files(kind, path)
+        sigs = [_stat_signature(f) for f in files]
         identity = probe(path)
-        if not identity.startswith("probe_failed:") and _memoisable(path, sigs):
-            self._known[kind + "\0" + path] = (sigs, identity)
+        if not identity.startswith("probe_failed:") and _trustworthy(sigs):
+            self._known[kind + "\0" + path] = (files, sigs, identity)
         return identity
+
+
+def _identity_files(kind: str, path: str) -> list[str]:
+    """The files ``toolchain.nvcc``/``toolchain.executable`` derive an identity from."""
+    from kernelcache import toolchain
+
+    try:
+        targets = toolchain.script_targets(os.path.realpath(path))
+    except OSError:
+        targets = []
+    files = [path, *targets]
+    if kind == "nvcc":
+        binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
+        files += [
+            os.path.join(os.path.dirname(os.path.realpath(b)), "nvcc.profile") for b in binaries
+        ]
+    return files
 
 
 def _stat_signature(path: str) -> tuple[int, ...] | None:
@@ -135,19 +151,15 @@ def _stat_signature(path: str) -> tuple[int, ...] | None:
         return None
 
 
-def _memoisable(path: str, sigs: list[tuple[int, ...] | None]) -> bool:
+def _trustworthy(sigs: list[tuple[int, ...] | None]) -> bool:
     import time
 
     from kernelcache._fs import TOO_NEW_NS
 
     now = time.time_ns()  # a signature too new does not vouch for the content (_fs.too_new)
-    if sigs[0] is None or any(s is not None and now - max(s[3], s[4]) < TOO_NEW_NS for s in sigs):
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) != b"#!"  # a wrapper script: its targets can change under it
-    except OSError:
-        return False
+    return sigs[0] is not None and all(
+        s is None or now - max(s[3], s[4]) >= TOO_NEW_NS for s in sigs
+    )
 
 
 def command_key(
