@@ -542,3 +542,54 @@ def test_server_identities_follow_a_wrapper_scripts_target(
     assert known.executable(str(wrapper)) == first and len(probed) == 1  # remembered
     real.write_text("#!/bin/sh\necho 'cc 2.0'\n")  # the target changes, the wrapper does not
     assert known.executable(str(wrapper)) != first and len(probed) == 2
+
+
+def test_large_outputs_are_stored_compressed(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("zstandard")
+    from kernelcache.cache import Cache
+    from kernelcache.nvcc import deps as nvcc_deps
+    from kernelcache.nvcc.job import Job
+
+    root = workspace / "large"
+    root.mkdir()
+    (root / "big.cu").write_text(
+        "__device__ int table[65536] = {1, 2, 3};\n"
+        "__global__ void k(int* x) { x[threadIdx.x] = table[threadIdx.x]; }\n"
+    )
+    settle()
+    monkeypatch.chdir(root)
+    argv = ["nvcc", "-arch=sm_90", "-cubin", "big.cu", "-o", "big.cubin"]
+    assert launch(argv) == (0, "misses")
+    cold = (root / "big.cubin").read_bytes()
+    assert len(cold) > 256 << 10
+    with Cache() as cache:
+        job = Job.prepare(shutil.which("nvcc") or "nvcc", nvcc_args.parse(argv[1:]), os.environ)
+        manifest = cache.get(job.direct)
+        result = cache.get(str(nvcc_deps.variants(manifest)[0]["result"]))
+        assert result is not None and result.meta["output_codec"] == "zstd"
+        assert len(result["output"]) < len(cold) // 10
+    (root / "big.cubin").unlink()
+    assert launch(argv) == (0, "hits")
+    assert (root / "big.cubin").read_bytes() == cold
+    plain = subprocess.run(["nvcc", *argv[1:-1], "plain.cubin"], check=True, capture_output=True)
+    assert plain.returncode == 0 and (root / "plain.cubin").read_bytes() == cold
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        pytest.param({"output_codec": "zstd", "output_size": 10}, id="declared-too-small"),
+        pytest.param({"output_codec": "zstd", "output_size": 1 << 30}, id="declared-too-large"),
+        pytest.param({"output_codec": "lz4", "output_size": 100}, id="unknown-codec"),
+    ],
+)
+def test_a_compressed_output_is_bounded_by_its_declared_size(meta: dict[str, object]) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    from kernelcache.entry import Entry
+    from kernelcache.nvcc.outputs import unpack_output
+
+    frame = zstandard.ZstdCompressor().compress(b"x" * 100_000)
+    with pytest.raises(ValueError):
+        unpack_output(Entry({"output": frame}, meta))

@@ -24,7 +24,7 @@ from kernelcache.nvcc import deps as nvcc_deps
 from kernelcache.nvcc import includes
 from kernelcache.nvcc import key as nvcc_key
 from kernelcache.nvcc.job import Job, Outcome, saved_seconds
-from kernelcache.nvcc.outputs import replay, write_outputs
+from kernelcache.nvcc.outputs import pack_output, replay, write_outputs
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms.
 TYPE_CHECKING = False
@@ -154,7 +154,8 @@ def _store(
         return f"outputs or dependencies unreadable ({type(exc).__name__})"
     if isinstance(recorded, str):
         return recorded
-    artifacts = {"output": output, "stdout": proc.stdout, "stderr": proc.stderr}
+    stored, encoding = pack_output(output)
+    artifacts = {"output": stored, "stdout": proc.stdout, "stderr": proc.stderr}
     if user_dep is not None:
         body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
         if body is None:
@@ -164,6 +165,7 @@ def _store(
         "compile_seconds": round(elapsed, 6),
         "explicit_target": inv.deptarget,
         DEPS_META: [row[0] for row in recorded[0]],
+        **encoding,
     }
     result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
     cache.put(result, Entry(artifacts, meta))
