@@ -38,3 +38,25 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
     assert leftovers == [], "the benchmark must remove its directory"
+
+
+def test_bench_launcher_smoke(tmp_path: Path) -> None:
+    """bench_launcher.py runs end to end on a few calls (the peers only where installed)."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    script = ROOT / "benchmarks" / "bench_launcher.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--repeat", "2", "--headers", "10", "--files", "0"],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("python -I -S -c pass") == 2
+    assert "kernelcache" in proc.stdout and "timed runs were hits" not in proc.stdout
