@@ -258,3 +258,21 @@ def test_messages_round_trip(items: list[bytes]) -> None:
 def test_a_malformed_message_is_refused() -> None:
     with pytest.raises(ValueError, match="truncated"):
         client.unpack(client.pack([b"abcdef"])[8:-2])
+
+
+def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
+    warm(setup)
+    for payload in (
+        (1 << 40).to_bytes(8, "big"),  # announces a terabyte
+        (5).to_bytes(8, "big") + b"abc",  # ends early
+        client.pack([b"kernelcache-launcher/1", b"/", b"/", b"not a count"]),
+    ):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(setup.cache / "launcher.sock"))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(60)
+        assert sock.recv(65536) in (b"", client.pack([b"fallback", b"malformed"]))
+        sock.close()
+    assert setup.run().returncode == 0
+    assert stats(setup.cache)["server_hits"] == 1

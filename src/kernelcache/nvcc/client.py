@@ -64,8 +64,11 @@ def unpack(body: bytes) -> list[bytes]:
     return items
 
 
-def receive(sock: _socket.socket) -> list[bytes] | None:
-    """One message from ``sock``; ``None`` if the peer closed before its end."""
+def receive(sock: _socket.socket, limit: int = 1 << 62) -> list[bytes] | None:
+    """One message from ``sock``; ``None`` if the peer closed before its end.
+
+    ``ValueError`` for a message that announces more than ``limit`` bytes.
+    """
     data = b""
     while len(data) < 8:
         chunk = sock.recv(65536)
@@ -73,6 +76,8 @@ def receive(sock: _socket.socket) -> list[bytes] | None:
             return None
         data += chunk
     size = int.from_bytes(data[:8], "big")
+    if size > limit:
+        raise ValueError(f"a message of {size} bytes (at most {limit})")
     parts, have = [data[8:]], len(data) - 8
     while have < size:
         chunk = sock.recv(max(65536, size - have))

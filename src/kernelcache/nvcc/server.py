@@ -48,7 +48,11 @@ LOCK = "launcher.lock"
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
 MAX_CACHES = 4
 _TICK = 1.0
-_REQUEST_TIMEOUT = 30.0
+#: A client sends its request as soon as it connects; one that does not
+#: must not hold the (one-at-a-time) server for long.
+_REQUEST_TIMEOUT = 5.0
+#: A request is a command line and an environment: far below this.
+_REQUEST_MAX = 64 << 20
 
 __all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "stop"]
 
@@ -108,7 +112,7 @@ class Server:
             return True  # not this user's: no answer at all
         conn.settimeout(_REQUEST_TIMEOUT)
         try:
-            request = receive(conn)
+            request = receive(conn, _REQUEST_MAX)
         except (OSError, ValueError):
             return True
         if not request or len(request) < 4:
