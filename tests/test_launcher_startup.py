@@ -12,7 +12,10 @@ platformdirs) give exactly what the originals give.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import py_compile
+import runpy
 import shutil
 import subprocess
 import sys
@@ -21,8 +24,8 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-import kernelcache
 from kernelcache import keys
+from kernelcache.nvcc import client
 from kernelcache.settings import default_dir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -125,9 +128,9 @@ NOT_ON_THE_HIT_PATH = (
     "re",
     "os",  # the client uses posix directly: os costs ~1 ms without site
 )
-#: What the client may import beyond what ``python -I -S -c "import kernelcache"`` has
-#: (the package's own ``__init__`` is the core's business, and every client pays it).
-CLIENT_IMPORTS = {"kernelcache.nvcc", "kernelcache.nvcc.client", "_socket"}
+#: What the ``kernelcache`` front may import beyond ``python -I -S -c pass``: it runs
+#: the client from its cached bytecode, so not even the package's ``__init__``.
+CLIENT_IMPORTS = {"_socket"}
 _LIST_MODULES = """import posix, sys
 out = sys.argv.pop(1)
 sys.argv[0] = sys.argv.pop(1)
@@ -153,18 +156,13 @@ def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
     argv = ["nvcc", "-arch=sm_90", "-cubin", "saxpy.cu", "-o", "saxpy.cubin"]
     subprocess.run([str(front), *argv], cwd=project, env=env, check=True)  # the miss
     start_server(tmp_path / "cache", env)
-    package = str(Path(kernelcache.__file__).parent.parent)
     bare = subprocess.run(
-        [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            f"import sys; sys.path.append({package!r}); import kernelcache; print(*sys.modules)",
-        ],
+        [sys.executable, "-I", "-S", "-c", "import sys; print(*sys.modules)"],
         capture_output=True,
         check=True,
     ).stdout.split()
+    if not Path(importlib.util.cache_from_source(client.__file__)).exists():
+        py_compile.compile(client.__file__)  # what the first import does
     # The front's own Python, as sh starts it (-I -S), with the list written as it exits.
     listing = tmp_path / "modules.txt"
     script = _LIST_MODULES + f"exec(compile(open({str(front)!r}).read(), {str(front)!r}, 'exec'))"
@@ -198,3 +196,33 @@ def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
         assert not set(imported) & heavy
     finally:
         server.stop(str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    ("change", "used"),
+    [
+        pytest.param(None, True, id="fresh"),
+        pytest.param("touch", False, id="source-newer"),
+        pytest.param("hash-based", False, id="hash-based-pyc"),
+    ],
+)
+def test_front_runs_the_client_bytecode_only_when_it_matches(
+    tmp_path: Path, change: str | None, used: bool
+) -> None:
+    front = runpy.run_path(str(EXAMPLES.parent / "bin" / "kernelcache"), run_name="front")
+    folder = tmp_path / "kernelcache" / "nvcc"
+    folder.mkdir(parents=True)
+    source = folder / "client.py"
+    source.write_text("def script_main():\n    return 'from the bytecode'\n")
+    mode = py_compile.PycInvalidationMode.TIMESTAMP
+    if change == "hash-based":
+        mode = py_compile.PycInvalidationMode.CHECKED_HASH
+    py_compile.compile(str(source), invalidation_mode=mode, doraise=True)
+    if change == "touch":
+        st = source.stat()
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    module = front["_cached_client"](str(tmp_path))
+    if used:
+        assert module["script_main"]() == "from the bytecode"
+    else:
+        assert module is None
