@@ -34,7 +34,14 @@ def make_bin(where: Path) -> Path:
 
 
 def clean_env(cache_dir: Path, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "KERNELCACHE_DIR": str(cache_dir), **extra}
+    """The environment of a user of ``cache_dir``; the test stops the server it starts.
+
+    The server waits 60 idle seconds (not the suite's default 5): a compile
+    between two calls can take longer on a loaded machine, and a test that
+    expects a server hit must not see it gone.
+    """
+    env = {**os.environ, "KERNELCACHE_DIR": str(cache_dir), "KERNELCACHE_SERVER_IDLE": "60"}
+    env.update(extra)
     for name in (
         "KERNELCACHE_BASEDIR",
         "KERNELCACHE_REMOTE",
