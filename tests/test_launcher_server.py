@@ -276,3 +276,30 @@ def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
         sock.close()
     assert setup.run().returncode == 0
     assert stats(setup.cache)["server_hits"] == 1
+
+
+def test_an_importing_process_uses_the_server_too(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m kernelcache nvcc`` and ``kernelcache-cli nvcc`` run the client in-process."""
+    monkeypatch.chdir(setup.project)
+    for name, value in setup.env.items():
+        monkeypatch.setenv(name, value)
+    # No cache directory yet: no server to ask, none can be started, the launcher runs here.
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert stats(setup.cache)["misses"] == 1 and server_pid(setup.cache) is None
+    # A directory, no server: a local hit, and a server started for the next call.
+    assert client.main(["nvcc", *ARGS]) == 0
+    wait_for(lambda: (setup.cache / "launcher.sock").exists(), 60, "the server to listen")
+    wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "its start to end")
+    capfd.readouterr()
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert b"unused_on_purpose" in capfd.readouterr().err.encode()
+    assert stats(setup.cache)["server_hits"] == 1
+    # Uncacheable: counted by the server, run here.
+    assert client.main(["nvcc", "--version"]) == 0
+    assert "Cuda compilation tools" in capfd.readouterr().out
+    assert stats(setup.cache)["uncacheable"] == 1
+    monkeypatch.setenv("KERNELCACHE_SERVER", "off")
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert stats(setup.cache)["server_hits"] == 1 and stats(setup.cache)["hits"] == 3
