@@ -226,7 +226,7 @@ def test_another_protocol_makes_the_server_exit(setup: Setup) -> None:
     warm(setup)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(setup.cache / "launcher.sock"))
-    sock.sendall(client.pack([b"kernelcache-launcher/0", b"/", b"/", b"0"]))
+    sock.sendall(client.pack([b"kernelcache-launcher/0", b"/", b"/", b"18", b"0"]))
     assert client.receive(sock) == [b"fallback", b"protocol"]
     sock.close()
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the server to exit")
@@ -265,7 +265,7 @@ def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
     for payload in (
         (1 << 40).to_bytes(8, "big"),  # announces a terabyte
         (5).to_bytes(8, "big") + b"abc",  # ends early
-        client.pack([b"kernelcache-launcher/1", b"/", b"/", b"not a count"]),
+        client.pack([client.PROTOCOL, b"/", b"/", b"18", b"not a count"]),
     ):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(str(setup.cache / "launcher.sock"))
@@ -303,3 +303,19 @@ def test_an_importing_process_uses_the_server_too(
     monkeypatch.setenv("KERNELCACHE_SERVER", "off")
     assert client.main(["nvcc", *ARGS]) == 0
     assert stats(setup.cache)["server_hits"] == 1 and stats(setup.cache)["hits"] == 3
+
+
+def test_outputs_written_by_the_server_get_the_callers_umask(setup: Setup) -> None:
+    warm(setup)
+    for umask in (0o022, 0o077):
+        (setup.project / "k.cubin").unlink()
+        proc = subprocess.run(
+            ["/bin/sh", "-c", f'umask {umask:o}; exec "$@"', "sh", str(setup.front), "nvcc", *ARGS],
+            cwd=setup.project,
+            env=setup.env,
+            capture_output=True,
+            check=True,
+        )
+        assert proc.returncode == 0
+        assert stat.S_IMODE((setup.project / "k.cubin").stat().st_mode) == 0o666 & ~umask
+    assert stats(setup.cache)["server_hits"] == 2

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 #: Both ends check it: a server of another version answers "fallback" and exits.
-PROTOCOL = b"kernelcache-launcher/1"
+PROTOCOL = b"kernelcache-launcher/2"
 SOCKET = b"launcher.sock"
 LOG = b"launcher.log"
 STARTING = b"launcher.starting"
@@ -183,7 +183,9 @@ def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
     if sock is None:
         return None
     env = [k + b"=" + v for k, v in _environ().items()]
-    request = [PROTOCOL, cwd, directory, b"%d" % len(argv), *argv, *env]
+    umask = posix.umask(0o022)  # read it (the only way), then put it back
+    posix.umask(umask)
+    request = [PROTOCOL, cwd, directory, b"%d" % umask, b"%d" % len(argv), *argv, *env]
     try:
         sock.sendall(pack(request))
         return receive(sock)

@@ -115,7 +115,7 @@ class Server:
             request = receive(conn, _REQUEST_MAX)
         except (OSError, ValueError):
             return True
-        if not request or len(request) < 4:
+        if not request or len(request) < 5:
             return True
         if request[0] != PROTOCOL:
             _send(conn, [b"fallback", b"protocol"])
@@ -124,14 +124,15 @@ class Server:
         return True
 
     def answer(self, request: list[bytes]) -> list[bytes]:
-        cwd, directory, count = request[0], request[1], request[2]
-        if not count.isdigit():
+        cwd, directory, umask, count = request[:4]
+        if not (count.isdigit() and umask.isdigit()):
             return [b"fallback", b"malformed"]
         argc = int(count)
-        argv = [os.fsdecode(a) for a in request[3 : 3 + argc]]
-        env = dict(_pair(item) for item in request[3 + argc :])
+        argv = [os.fsdecode(a) for a in request[4 : 4 + argc]]
+        env = dict(_pair(item) for item in request[4 + argc :])
         try:
             os.chdir(cwd)
+            os.umask(int(umask) & 0o777)  # the outputs get the modes nvcc would give them
             if _identity(os.stat(directory)) != self.dir_id or not argv:
                 return [b"fallback", b"directory"]
             env["KERNELCACHE_DIR"] = self.directory
