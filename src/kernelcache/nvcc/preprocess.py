@@ -38,15 +38,12 @@ _ENV_FROM_DRYRUN = ("PATH", "LD_LIBRARY_PATH")
 _TIMEOUT = 600
 
 
-def _mode_flags(inv: Invocation) -> list[str]:
-    return [name for name in inv.modes]
-
-
 def commands(
     nvcc: str, inv: Invocation, env: Mapping[str, str]
 ) -> tuple[list[list[str]], dict[str, str]] | None:
     """The preprocessing commands of this compile and their environment, or ``None``."""
-    args = [*without_outputs(inv.args), *_mode_flags(inv), "-o", os.devnull, "--dryrun"]
+    # The same compile, writing nothing: outputs and dependency options removed.
+    args = [*without_outputs(inv.args), *inv.modes, "-o", os.devnull, "--dryrun"]
     try:
         proc = subprocess.run(
             [nvcc, *args], capture_output=True, env=dict(env), timeout=_TIMEOUT, check=False
