@@ -91,7 +91,7 @@ def measure(command: list[str], env: dict[str, str], cwd: str, repeat: int) -> t
 
 
 def bench_launcher(arch: str, repeat: int) -> None:
-    from kernelcache import nvcc
+    from kernelcache.nvcc import launcher as nvcc
 
     python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,8 +12,9 @@ missing() {
     # find_spec, not import: importing tilelang alone takes seconds.
     ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "$@"
 }
+# bin/kernelcache is installed as a copy (setuptools script-files): an edit needs a reinstall.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__init__.py -nt "$stamp" ] \
-    || missing torch tilelang ninetoothed; then
+    || [ bin/kernelcache -nt "$stamp" ] || missing torch tilelang ninetoothed; then
     .venv/bin/python -m pip install -q --upgrade pip
     # The DSL extras (tilelang, ninetoothed) depend on torch. The CPU build
     # (a wheel this machine keeps locally) goes in FIRST: left to their

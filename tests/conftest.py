@@ -100,3 +100,22 @@ def store_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[St
 @pytest.fixture
 def store(store_factory: StoreFactory) -> Store:
     return store_factory()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _launcher_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No launcher server outlives the test run (kernelcache.nvcc.server).
+
+    Servers started by tests (every launcher call through the client starts
+    one for its cache directory) exit after 5 idle seconds, and any still
+    running under this session's temporary directory is stopped at the end.
+    """
+    import os
+
+    from kernelcache.nvcc import server
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELCACHE_SERVER_IDLE", os.environ.get("KERNELCACHE_SERVER_IDLE", "5"))
+        yield
+    for lock in tmp_path_factory.getbasetemp().rglob(server.LOCK):
+        server.stop(str(lock.parent))

@@ -69,3 +69,21 @@ def test_bench_redis_smoke(tmp_path: Path) -> None:
         for size in (4096, 65536, 1 << 20):
             assert {(target, size, "plain"), (target, size, "signed")} <= measured
     assert {r["verdict"] for r in hits} <= {"PASS", "MISS"}
+
+
+def test_bench_launcher_smoke(tmp_path: Path) -> None:
+    """bench_launcher.py runs end to end on a few calls (the peers only where installed)."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    script = ROOT / "benchmarks" / "bench_launcher.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--repeat", "2", "--headers", "10", "--files", "0"],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("python -I -S -c pass") == 2
+    assert "kernelcache" in proc.stdout and "timed runs were hits" not in proc.stdout

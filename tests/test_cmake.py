@@ -1,33 +1,35 @@
-"""A real CMake + Ninja project built through ``CMAKE_CUDA_COMPILER_LAUNCHER``.
+"""A real CMake + Ninja project built through ``CMAKE_CUDA_COMPILER_LAUNCHER=kernelcache``.
 
-Ninja reads the dependency files the launcher restores (``deps = gcc``), so
-"edit the header, exactly the dependent objects rebuild" also checks that the
-restored ``.d`` files are right.
+The launcher is the ``kernelcache`` executable as installed (shell front,
+client, server). CMake writes ``-forward-unknown-to-host-compiler`` and here
+a host flag (``-Wall``), which must be cached. Ninja reads the dependency
+files the launcher restores (``deps = gcc``), so "edit the header, exactly the
+dependent objects rebuild" also checks that the restored ``.d`` files are right.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import stat
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from kernelcache.nvcc import server
+from launcher_env import clean_env, make_bin, stats
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "nvcc")),
     reason="needs cmake, ninja and nvcc",
 )
 
-SRC = Path(__file__).resolve().parent.parent / "src"
-
 CMAKELISTS = """cmake_minimum_required(VERSION 3.20)
 project(launcher_test LANGUAGES CUDA)
 add_library(kernels STATIC src/add.cu src/scale.cu src/fill.cu)
 target_include_directories(kernels PRIVATE include)
+target_compile_options(kernels PRIVATE -Wall)
 """
 COMMON = "#pragma once\n__device__ inline float twice(float v) { return 2.0f * v; }\n"
 SOURCES = {
@@ -41,11 +43,8 @@ OBJECTS = {name: f"CMakeFiles/kernels.dir/src/{name}.o" for name in SOURCES}
 
 
 def _stats(cache_dir: Path) -> dict[str, int]:
-    import json
-
-    path = cache_dir / "nvcc-stats.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    return {k: int(data.get(k, 0)) for k in ("hits", "misses", "uncacheable", "failed")}
+    counts = stats(cache_dir)
+    return {k: counts[k] for k in ("hits", "misses", "uncacheable", "failed")}
 
 
 def _built(output: str) -> set[str]:
@@ -57,7 +56,7 @@ def _built(output: str) -> set[str]:
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     root = tmp_path / "proj"
     (root / "src").mkdir(parents=True)
     (root / "include").mkdir()
@@ -65,14 +64,9 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     (root / "include" / "common.cuh").write_text(COMMON)
     for name, text in SOURCES.items():
         (root / "src" / name).write_text(text)
-    launcher = tmp_path / "kernelcache-launcher"
-    launcher.write_text(
-        f'#!/bin/sh\nPYTHONPATH="{SRC}" exec "{sys.executable}" -m kernelcache "$@"\n'
-    )
-    launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, "KERNELCACHE_DIR": str(tmp_path / "cache")}
-    for name in ("KERNELCACHE_BASEDIR", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "CUDAFLAGS"):
-        env.pop(name, None)
+    launcher = make_bin(tmp_path / "bin")
+    env = clean_env(tmp_path / "cache")
+    env.pop("CUDAFLAGS", None)
     subprocess.run(
         [
             "cmake",
@@ -90,7 +84,8 @@ def project(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         capture_output=True,
     )
     time.sleep(0.05)  # sources older than the first compile's start (nvcc_deps.RACE_SLOP_NS)
-    return root, env
+    yield root, env
+    server.stop(env["KERNELCACHE_DIR"])
 
 
 def build(root: Path, env: dict[str, str], *target: str) -> str:
@@ -132,3 +127,26 @@ def test_cold_clean_warm_then_header_edit(project: tuple[Path, dict[str, str]]) 
     assert (root / "build" / OBJECTS["fill.cu"]).stat().st_mtime_ns == fill_mtime
     edited = objects(root)
     assert edited["add.cu"] != cold["add.cu"] and edited["fill.cu"] == cold["fill.cu"]
+
+
+def test_comment_only_header_edit_rebuilds_every_dependent_as_a_hit(
+    project: tuple[Path, dict[str, str]],
+) -> None:
+    """ccache's preprocessed mode: the direct key misses, nvcc's preprocessing matches."""
+    root, env = project
+    cache_dir = Path(env["KERNELCACHE_DIR"])
+    build(root, env)
+    cold = objects(root)
+    header = root / "include" / "common.cuh"
+    header.write_text(COMMON.replace("#pragma once", "#pragma once  // twice: doubles a value"))
+    time.sleep(0.05)
+    assert _built(build(root, env)) == {"add.cu", "scale.cu"}  # Ninja: the header changed
+    counts = stats(cache_dir)
+    assert (counts["misses"], counts["hits"], counts["preprocessed_hits"]) == (3, 2, 2)
+    assert objects(root) == cold
+    # The manifests learned the edited header: the next clean build hits directly.
+    build(root, env, "clean")
+    assert _built(build(root, env)) == set(SOURCES)
+    counts = stats(cache_dir)
+    assert (counts["misses"], counts["hits"], counts["preprocessed_hits"]) == (3, 5, 2)
+    assert objects(root) == cold

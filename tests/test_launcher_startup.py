@@ -1,16 +1,21 @@
-"""What keeps a ``kernelcache nvcc`` hit cheap: no heavy imports, same keys and directories.
+"""What keeps a ``kernelcache nvcc`` hit cheap: a client that imports almost nothing.
 
-The hit path is bounded by interpreter start-up (DESIGN.md, performance), so
-these tests pin what it must not import, and check that the cheaper stand-ins
-(the built-in SHA-256, the default directory computed without platformdirs)
-give exactly what the originals give.
+A hit is bounded by interpreter start-up (DESIGN.md, performance): the
+``kernelcache`` executable starts Python without site and runs the client
+(:mod:`kernelcache.nvcc.client`), which asks the warm server. These tests pin
+what the client imports on a hit, that it finds the same cache directory as
+``Settings`` without importing them, and that the cheaper stand-ins the core
+still has (the built-in SHA-256, the default directory computed without
+platformdirs) give exactly what the originals give.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import importlib.util
 import os
+import py_compile
+import runpy
 import shutil
 import subprocess
 import sys
@@ -20,6 +25,7 @@ import platformdirs
 import pytest
 
 from kernelcache import keys
+from kernelcache.nvcc import client
 from kernelcache.settings import default_dir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -80,44 +86,145 @@ def test_default_dir_is_platformdirs(monkeypatch: pytest.MonkeyPatch, env: dict[
     assert default_dir() == platformdirs.user_cache_dir("kernelcache", appauthor=False)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({"KERNELCACHE_DIR": "/var/tmp/kc"}, id="absolute"),
+        pytest.param({"KERNELCACHE_DIR": "rel/kc"}, id="relative"),
+        pytest.param({"KERNELCACHE_DIR": "~/kc"}, id="home"),
+        pytest.param({"XDG_CACHE_HOME": "/var/tmp/xdg/"}, id="xdg"),
+        pytest.param({"XDG_CACHE_HOME": ""}, id="xdg-empty"),
+        pytest.param({}, id="default"),
+    ],
+)
+def test_client_finds_the_settings_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str]
+) -> None:
+    from kernelcache.nvcc import client
+    from kernelcache.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    for name in ("KERNELCACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    found = client.cache_dir(dict(os.environb), os.getcwdb())
+    assert found is not None
+    assert os.path.normpath(os.fsdecode(found)) == os.path.abspath(Settings.load().dir)
+
+
 #: Modules a launcher hit must not import: each costs milliseconds per call.
 NOT_ON_THE_HIT_PATH = (
     "hashlib",  # OpenSSL set-up, ~3 ms
     "platformdirs",  # ~10 ms, when KERNELCACHE_DIR is not set
-    "kernelcache.cache",  # with single-flight: only a miss needs them
-    "kernelcache.singleflight",
+    "kernelcache.cache",  # the server's: a hit reaches it through the socket
+    "kernelcache.nvcc.launcher",
+    "kernelcache.settings",
     "subprocess",
     "tempfile",
-    "typing",  # ~3 ms: type-only imports sit under TYPE_CHECKING
+    "typing",
+    "json",
+    "re",
+    "os",  # the client uses posix directly: os costs ~1 ms without site
 )
+#: What the ``kernelcache`` front may import beyond ``python -I -S -c pass``: it runs
+#: the client from its cached bytecode, so not even the package's ``__init__``.
+CLIENT_IMPORTS = {"_socket"}
+_LIST_MODULES = """import posix, sys
+out = sys.argv.pop(1)
+sys.argv[0] = sys.argv.pop(1)
+exit_now = posix._exit
+def listing_exit(code):  # the client ends with posix._exit: list the modules first
+    with open(out, "w") as f:
+        f.write("\\n".join(sorted(sys.modules)))
+    exit_now(code)
+posix._exit = listing_exit
+"""
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
+    """The client, run as the ``kernelcache`` executable runs it, imports almost nothing."""
+    from kernelcache.nvcc import server
+    from launcher_env import clean_env, make_bin, start_server, stats
+
     project = tmp_path / "p"
     shutil.copytree(EXAMPLES, project)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    for name in ("KERNELCACHE_DIR", "KERNELCACHE_REMOTE", "KERNELCACHE_DISABLE"):
-        env.pop(name, None)
+    front = make_bin(tmp_path / "bin")
+    env = clean_env(tmp_path / "cache")
+    for name in ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START"):
+        env.pop(name, None)  # what the launcher imports, not what a measuring tool adds
     argv = ["nvcc", "-arch=sm_90", "-cubin", "saxpy.cu", "-o", "saxpy.cubin"]
-    code = (  # json is imported after the listing: the check must not see its own imports
-        "import sys\n"
-        "from kernelcache.__main__ import main\n"
-        f"rc = main({argv!r})\n"
-        "modules = sorted(sys.modules)\n"
-        "import json\n"
-        "print(json.dumps([rc, modules]))\n"
-    )
-    runs = []
-    for _ in range(2):  # a miss, then a hit
+    subprocess.run([str(front), *argv], cwd=project, env=env, check=True)  # the miss
+    start_server(tmp_path / "cache", env)
+    bare = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import sys; print(*sys.modules)"],
+        capture_output=True,
+        check=True,
+    ).stdout.split()
+    if not Path(importlib.util.cache_from_source(client.__file__)).exists():
+        py_compile.compile(client.__file__)  # what the first import does
+    # The front's own Python, as sh starts it (-I -S), with the list written as it exits.
+    listing = tmp_path / "modules.txt"
+    script = _LIST_MODULES + f"exec(compile(open({str(front)!r}).read(), {str(front)!r}, 'exec'))"
+    try:
         proc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", script, str(listing), str(front), *argv],
+            cwd=project,
+            env=env,
+            capture_output=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert stats(tmp_path / "cache")["server_hits"] == 1  # it was a hit, from the server
+        modules = set(listing.read_text().split())
+        assert modules - {m.decode() for m in bare} <= CLIENT_IMPORTS
+        assert not modules & set(NOT_ON_THE_HIT_PATH)
+        # Through an importing process (python -m kernelcache, kernelcache-cli) a hit
+        # still pays for none of the launcher's or the cache's modules.
+        code = (
+            "import sys\n"
+            "from kernelcache.__main__ import main\n"
+            f"rc = main({argv!r})\n"
+            "modules = sorted(sys.modules)\n"
+            "print(rc, *modules)\n"
+        )
+        run = subprocess.run(
             [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, check=True
         )
-        rc, modules = json.loads(proc.stdout.decode().splitlines()[-1])
-        runs.append((rc, set(modules), (project / "saxpy.cubin").read_bytes()))
-    (miss_rc, miss_modules, cold), (hit_rc, hit_modules, warm) = runs
-    assert miss_rc == hit_rc == 0 and cold == warm
-    assert "kernelcache.cache" in miss_modules  # the miss did go through the Cache
-    assert not hit_modules & set(NOT_ON_THE_HIT_PATH)
-    stats = json.loads((tmp_path / "xdg" / "kernelcache" / "nvcc-stats.json").read_bytes())
-    assert stats["hits"] == 1 and stats["misses"] == 1
+        rc, *imported = run.stdout.decode().split()
+        assert rc == "0" and stats(tmp_path / "cache")["server_hits"] == 2
+        heavy = set(NOT_ON_THE_HIT_PATH) - {"os", "re", "typing"}  # site imports those
+        assert not set(imported) & heavy
+    finally:
+        server.stop(str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(
+    ("change", "used"),
+    [
+        pytest.param(None, True, id="fresh"),
+        pytest.param("touch", False, id="source-newer"),
+        pytest.param("hash-based", False, id="hash-based-pyc"),
+    ],
+)
+def test_front_runs_the_client_bytecode_only_when_it_matches(
+    tmp_path: Path, change: str | None, used: bool
+) -> None:
+    front = runpy.run_path(str(EXAMPLES.parent / "bin" / "kernelcache"), run_name="front")
+    folder = tmp_path / "kernelcache" / "nvcc"
+    folder.mkdir(parents=True)
+    source = folder / "client.py"
+    source.write_text("def script_main():\n    return 'from the bytecode'\n")
+    mode = py_compile.PycInvalidationMode.TIMESTAMP
+    if change == "hash-based":
+        mode = py_compile.PycInvalidationMode.CHECKED_HASH
+    py_compile.compile(str(source), invalidation_mode=mode, doraise=True)
+    if change == "touch":
+        st = source.stat()
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    module = front["_cached_client"](str(tmp_path))
+    if used:
+        assert module["script_main"]() == "from the bytecode"
+    else:
+        assert module is None

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kernelcache.nvcc import args as nvcc_args
-from kernelcache.nvcc import launcher_stats, main
+from kernelcache.nvcc.launcher import launcher_stats, main
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -196,7 +196,25 @@ KEY_TABLE = [
     pytest.param(
         _edit("common.cuh", COMMON.replace("2.0f", "3.0f")), BASE, {}, "misses", id="header-edit"
     ),
-    pytest.param(_edit("k.cu", KERNEL + "// edited\n"), BASE, {}, "misses", id="source-edit"),
+    pytest.param(
+        _edit("k.cu", KERNEL.replace("256", "128")), BASE, {}, "misses", id="source-edit"
+    ),
+    # Preprocessed the same: found through the preprocessed key.
+    pytest.param(_edit("k.cu", KERNEL + "// edited\n"), BASE, {}, "hits", id="source-comment"),
+    pytest.param(
+        _edit("common.cuh", COMMON.replace("#pragma once", "#pragma once  // a note")),
+        BASE,
+        {},
+        "hits",
+        id="header-comment",
+    ),
+    pytest.param(
+        _edit("common.cuh", COMMON.replace("2.0f * v", "2.0f  *  v")),
+        BASE,
+        {},
+        "hits",
+        id="header-spaces",
+    ),
     pytest.param(_nothing, [*BASE, "-DFOO=1"], {}, "misses", id="define"),
     pytest.param(_nothing, ["nvcc", "-arch=sm_80", *BASE[2:]], {}, "misses", id="arch"),
     pytest.param(_nothing, BASE, {"NVCC_APPEND_FLAGS": "-DBAR"}, "misses", id="nvcc-append-flags"),
@@ -315,8 +333,16 @@ UNCACHEABLE = [
     pytest.param(
         ["-c", "k.cu", "-o", "k.o", "-fancy-flag"], "unknown option -fancy-flag", id="unknown"
     ),
-    pytest.param(["-c", "k.cu"], "no -o", id="no-output"),
-    pytest.param(["-c", "k.cu", "-o", "k.o", "-MD"], "without -MF", id="md-without-mf"),
+    pytest.param(
+        ["-forward-unknown-to-host-compiler", "-c", "k.cu", "-save-temps=obj"],
+        "-save-temps",
+        id="forwarded-host-option-that-writes-files",
+    ),
+    pytest.param(
+        ["-forward-unknown-to-host-compiler", "-c", "k.cu", "-MQ", "x"],
+        "-MQ",
+        id="forwarded-dependency-option",
+    ),
     pytest.param(["-c", "k.cu", "-o", "k.o", "--keep"], "intermediate", id="keep"),
     pytest.param(["-M", "k.cu"], "-M", id="deps-only"),
     pytest.param(["-lib", "k.cu", "-o", "k.a"], "library", id="lib"),
@@ -450,3 +476,120 @@ def test_kernelcache_stats_reports_the_launcher(warm_project: Path, workspace: P
     assert launcher["reasons"]["--version"] >= 1
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "nvcc launcher (lifetime): hits" in text and "--version" in text
+
+
+def test_debug_info_shares_across_checkouts_only_when_asked(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-lineinfo names the directory: keyed by default; KERNELCACHE_HASH_DIR=0 shares it.
+
+    Shared, the restored object names the first checkout (as with ccache's
+    hash_dir = false): that is the documented price.
+    """
+    first = make_project(workspace / "debug" / "one")
+    second = workspace / "debug" / "two"
+    shutil.copytree(first, second)
+    settle()
+    argv = ["nvcc", "-arch=sm_90", "-lineinfo", "-cubin", "k.cu", "-o", "k.cubin"]
+    monkeypatch.chdir(first)
+    assert launch(argv) == (0, "misses")
+    assert str(first).encode() in (first / "k.cubin").read_bytes()
+    monkeypatch.chdir(second)
+    assert launch(argv) == (0, "misses"), "the directory is keyed when debug info names it"
+    monkeypatch.setenv("KERNELCACHE_HASH_DIR", "0")
+    monkeypatch.chdir(first)
+    assert launch(argv) == (0, "misses")  # a new key, without the directory
+    monkeypatch.chdir(second)
+    assert launch(argv) == (0, "hits")
+    restored = (second / "k.cubin").read_bytes()
+    assert str(first).encode() in restored and str(second).encode() not in restored
+
+
+def test_a_bad_launcher_setting_never_fails_the_build(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(make_project(workspace / "badflag"))
+    monkeypatch.setenv("KERNELCACHE_HASH_DIR", "sometimes")
+    assert main(["nvcc", "-arch=sm_90", "-ptx", "k.cu", "-o", "k.ptx"]) == 0
+    assert "KERNELCACHE_HASH_DIR" in capfd.readouterr().err
+
+
+def test_server_identities_follow_a_wrapper_scripts_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server remembers toolchain identities, re-checked by stat: a new target is seen."""
+    from kernelcache import toolchain
+    from kernelcache.nvcc.key import Identities
+
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "cache"))
+    real = tmp_path / "real-cc"
+    real.write_text("#!/bin/sh\necho 'cc 1.0'\n")
+    real.chmod(0o755)
+    wrapper = tmp_path / "cc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    time.sleep(2.1)  # older than _fs.TOO_NEW_NS: stats may vouch for them
+    probed: list[str] = []
+    probe = toolchain.executable
+
+    def counting(path: str) -> str:
+        probed.append(path)
+        return probe(path)
+
+    monkeypatch.setattr(toolchain, "executable", counting)
+    known = Identities()
+    first = known.executable(str(wrapper))
+    assert known.executable(str(wrapper)) == first and len(probed) == 1  # remembered
+    real.write_text("#!/bin/sh\necho 'cc 2.0'\n")  # the target changes, the wrapper does not
+    assert known.executable(str(wrapper)) != first and len(probed) == 2
+
+
+def test_large_outputs_are_stored_compressed(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("zstandard")
+    from kernelcache.cache import Cache
+    from kernelcache.nvcc import deps as nvcc_deps
+    from kernelcache.nvcc.job import Job
+
+    root = workspace / "large"
+    root.mkdir()
+    (root / "big.cu").write_text(
+        "__device__ int table[65536] = {1, 2, 3};\n"
+        "__global__ void k(int* x) { x[threadIdx.x] = table[threadIdx.x]; }\n"
+    )
+    settle()
+    monkeypatch.chdir(root)
+    argv = ["nvcc", "-arch=sm_90", "-cubin", "big.cu", "-o", "big.cubin"]
+    assert launch(argv) == (0, "misses")
+    cold = (root / "big.cubin").read_bytes()
+    assert len(cold) > 256 << 10
+    with Cache() as cache:
+        job = Job.prepare(shutil.which("nvcc") or "nvcc", nvcc_args.parse(argv[1:]), os.environ)
+        manifest = cache.get(job.direct)
+        result = cache.get(str(nvcc_deps.variants(manifest)[0]["result"]))
+        assert result is not None and result.meta["output_codec"] == "zstd"
+        assert len(result["output"]) < len(cold) // 10
+    (root / "big.cubin").unlink()
+    assert launch(argv) == (0, "hits")
+    assert (root / "big.cubin").read_bytes() == cold
+    plain = subprocess.run(["nvcc", *argv[1:-1], "plain.cubin"], check=True, capture_output=True)
+    assert plain.returncode == 0 and (root / "plain.cubin").read_bytes() == cold
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        pytest.param({"output_codec": "zstd", "output_size": 10}, id="declared-too-small"),
+        pytest.param({"output_codec": "zstd", "output_size": 1 << 30}, id="declared-too-large"),
+        pytest.param({"output_codec": "lz4", "output_size": 100}, id="unknown-codec"),
+    ],
+)
+def test_a_compressed_output_is_bounded_by_its_declared_size(meta: dict[str, object]) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    from kernelcache.entry import Entry
+    from kernelcache.nvcc.outputs import unpack_output
+
+    frame = zstandard.ZstdCompressor().compress(b"x" * 100_000)
+    with pytest.raises(ValueError):
+        unpack_output(Entry({"output": frame}, meta))

@@ -1,4 +1,9 @@
-"""``kernelcache`` command line; a thin layer over the public API (see cli.py)."""
+"""``kernelcache`` command line; a thin layer over the public API (see cli/).
+
+``python -m kernelcache`` and the ``kernelcache-cli`` console script start
+here. The ``kernelcache`` executable itself is :mod:`kernelcache.nvcc.client`
+run as a script, which comes here for everything but a launcher call.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     # The compiler launcher is on every build's critical path: skip argparse and
     # the CLI for it. CMake calls ``kernelcache /path/to/nvcc ...``.
     if args and (args[0] == "nvcc" or args[0].endswith(("/nvcc", "/nvcc.exe"))):
-        from kernelcache.nvcc import main as nvcc_main
+        from kernelcache.nvcc.client import main as nvcc_main
 
         return int(nvcc_main(args))
     from kernelcache.cli import main as cli_main

@@ -82,7 +82,7 @@ def nvrtc_rows(examples: Path, arch: str, repeat: int) -> list[tuple[str, str, f
 
 
 def nvcc_rows(examples: Path, arch: str, repeat: int) -> list[tuple[str, str, float, float]]:
-    from kernelcache import nvcc
+    from kernelcache.nvcc import launcher as nvcc
 
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[1])
@@ -115,7 +115,7 @@ def print_table(rows: list[tuple[str, str, float, float]]) -> None:
 
 def print_stats() -> None:
     from kernelcache._defaults import default_cache
-    from kernelcache.nvcc import launcher_stats
+    from kernelcache.nvcc.launcher import launcher_stats
 
     cache = default_cache()
     print(f"\ncache directory: {cache.settings.dir}")

@@ -100,7 +100,7 @@ def file_digest(path: str) -> str:
     return digest
 
 
-def _script_targets(path: str) -> list[str]:
+def script_targets(path: str) -> list[str]:
     """Absolute paths of existing files a wrapper script refers to.
 
     ``/usr/local/bin/nvcc`` is often ``exec /usr/local/cuda-X/bin/nvcc "$@"``:
@@ -146,7 +146,7 @@ def executable(path: str) -> str:
     """
     try:
         real = os.path.realpath(path)
-        targets = _script_targets(real)
+        targets = script_targets(real)
         sigs = [_signature(os.stat(p)) for p in [real, *targets]]
         memo = _load_memo()
         known = memo["executables"].get(real)
@@ -163,12 +163,16 @@ def executable(path: str) -> str:
         return failed(exc)
 
 
-def which(name: str) -> str | None:
-    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path."""
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(folder or ".", name)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
+def which(name: str, path: str | None = None) -> str | None:
+    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path.
+
+    ``path`` is the search path (default: ``PATH`` of this process).
+    """
+    search = os.environ.get("PATH", os.defpath) if path is None else path
+    for folder in search.split(os.pathsep):
+        candidate = os.path.join(folder or ".", name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     return None
 
 
@@ -183,7 +187,7 @@ def nvcc(path: str | None = None) -> str:
     # nvcc.profile next to the real binary sets include and library paths; a
     # wrapper script's target is the real binary.
     real = os.path.realpath(resolved)
-    binaries = [real] + [p for p in _script_targets(real) if os.path.basename(p) == "nvcc"]
+    binaries = [real] + [p for p in script_targets(real) if os.path.basename(p) == "nvcc"]
     for binary in binaries:
         profile = os.path.join(os.path.dirname(os.path.realpath(binary)), "nvcc.profile")
         if os.path.isfile(profile):

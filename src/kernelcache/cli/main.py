@@ -117,7 +117,7 @@ def _delegate(command: str, rest: list[str], directory: str | None) -> int:
     if directory is not None:
         os.environ["KERNELCACHE_DIR"] = directory
     if command == "nvcc":
-        from kernelcache.nvcc import main as nvcc_main
+        from kernelcache.nvcc.client import main as nvcc_main
 
         return int(nvcc_main(["nvcc", *rest]))
     from kernelcache.demo import main as demo_main

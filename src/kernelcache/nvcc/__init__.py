@@ -1,30 +1,13 @@
 """``kernelcache nvcc ARGS...``: a caching compiler launcher for nvcc, like ccache.
 
-The control flow, direct key and hit are in ``launcher.py``; the command line
-in ``args.py``, dependency files and manifests in ``deps.py``, what a hit
-writes in ``outputs.py`` and the miss in ``miss.py``.
+``client.py`` is the ``kernelcache`` executable's fast path (it talks to the
+per-user server in ``server.py``); ``launcher.py`` runs a call in-process
+(control flow and the direct lookup), with the command line in ``args.py``
+and ``options.py``, keys in ``key.py``, one call's keys and lookup in
+``job.py``, dependency files and manifests in ``deps.py``, failed include
+lookups and time macros in ``includes.py``, nvcc's preprocessing in
+``preprocess.py``, what a hit writes in ``outputs.py`` and the miss in
+``miss.py``.
+
+Nothing is imported here: the client must not pay for the launcher.
 """
-
-from __future__ import annotations
-
-from kernelcache.nvcc.launcher import (
-    ENV_VARS,
-    STATS_FILE,
-    direct_key,
-    forget,
-    host_compiler,
-    launcher_stats,
-    main,
-    stats_path,
-)
-
-__all__ = [
-    "ENV_VARS",
-    "STATS_FILE",
-    "direct_key",
-    "forget",
-    "host_compiler",
-    "launcher_stats",
-    "main",
-    "stats_path",
-]

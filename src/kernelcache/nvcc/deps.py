@@ -3,7 +3,8 @@
 nvcc reports every file a compile read (``-MD -MF``, make syntax). The
 launcher records them in a *manifest* stored under the *direct key* (compiler,
 arguments, source content, environment): a list of variants, each the
-dependency files with their content digests and the key of the result they
+dependency files with their content digests, the include lookups that found
+nothing (:mod:`kernelcache.nvcc.includes`) and the key of the result they
 produced. A later call with the same direct key checks the files of each
 variant (a ``stat`` per file when its signature is unchanged, a content hash
 otherwise) and, when all match, restores that result without running nvcc or
@@ -16,7 +17,9 @@ import json
 import os
 import time
 
+from kernelcache import _fs
 from kernelcache.keys import file_sha256 as _sha256
+from kernelcache.keys import sha256
 from kernelcache.nvcc.args import BASE_TOKEN, normalize_path
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
@@ -34,9 +37,6 @@ MAX_VARIANTS = 8
 #: have changed during the compile (timestamps are coarser than the clock):
 #: the result is not cached (ccache: "include file modified during compilation").
 RACE_SLOP_NS = 20_000_000
-#: Files changed this recently are recorded without a stat signature, so the
-#: next call hashes their content ("file too new" in ccache).
-TOO_NEW_NS = 2_000_000_000
 #: The manifest's one artifact: its variants as JSON.
 MANIFEST = "manifest.json"
 
@@ -89,8 +89,9 @@ def from_stored(text: bytes, basedir: str | None) -> bytes:
     return text.replace(BASE_TOKEN.encode(), os.fsencode(basedir + os.sep))
 
 
-def _signature(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+def signature(st: os.stat_result) -> list[int]:
+    """``_fs.signature`` as stored in a manifest (JSON: a list)."""
+    return list(_fs.signature(st))
 
 
 def resolve(stored: str, basedir: str | None) -> str | None:
@@ -100,50 +101,90 @@ def resolve(stored: str, basedir: str | None) -> str | None:
     return stored
 
 
-def record(deps: Sequence[str], basedir: str | None, started_ns: int) -> list[list[Any]] | None:
-    """Digest every dependency after a compile; ``None`` if one changed during it."""
+def record(
+    deps: Sequence[str], basedir: str | None, started_ns: int
+) -> tuple[list[list[Any]], dict[str, bytes]] | None:
+    """Digest every dependency after a compile: ``(rows, contents)``; ``None`` if one changed.
+
+    ``contents`` maps each dependency to the bytes that were hashed, for the
+    scans of :mod:`kernelcache.nvcc.includes`.
+    """
     rows: list[list[Any]] = []
+    contents: dict[str, bytes] = {}
     now = time.time_ns()
     for path in dict.fromkeys(deps):
         before = os.stat(path)
-        digest = _sha256(path)
+        with open(path, "rb") as f:
+            data = f.read()
         after = os.stat(path)
         newest = max(after.st_mtime_ns, after.st_ctime_ns)
-        if _signature(before) != _signature(after) or newest >= started_ns - RACE_SLOP_NS:
+        if signature(before) != signature(after) or newest >= started_ns - RACE_SLOP_NS:
             return None
-        sig = _signature(after) if now - newest > TOO_NEW_NS else None
-        rows.append([normalize_path(path, basedir), digest, sig])
-    return rows
+        # A file changed too recently is recorded without a signature: the next
+        # lookup hashes it (ccache's "file too new").
+        sig = None if _fs.too_new(after, now) else signature(after)
+        rows.append([normalize_path(path, basedir), sha256(data).hexdigest(), sig])
+        contents[path] = data
+    return rows, contents
 
 
 def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
     """Whether every recorded dependency still has its recorded content."""
+    stat = os.stat
     for stored, digest, sig in rows:
-        path = resolve(stored, basedir)
+        path = resolve(stored, basedir) if basedir or stored.startswith(BASE_TOKEN) else stored
         if path is None:
             return False
         try:
-            st = os.stat(path)
-            if sig is not None and _signature(st) == sig:
+            st = stat(path)
+            # The signature, compared field by field: one call per dependency on every hit.
+            if (
+                sig is not None
+                and st.st_mtime_ns == sig[3]
+                and st.st_ino == sig[1]
+                and st.st_size == sig[2]
+                and st.st_ctime_ns == sig[4]
+                and st.st_dev == sig[0]
+            ):
                 continue
-            if _sha256(path) != digest:
+            if _digest(path, st) != digest:
                 return False
         except OSError:
             return False
     return True
 
 
-def result_rows(rows: Sequence[Sequence[Any]]) -> list[list[str]]:
-    """The part of a variant that goes into the result key: paths and contents."""
-    return [[str(stored), str(digest)] for stored, digest, _sig in rows]
+#: Digests of files this process hashed, by path and stat signature. A
+#: long-lived process (the launcher's server) then hashes a file recorded as
+#: "too new" once, not on every lookup, as long as its signature is old
+#: enough to trust (``_fs.too_new``).
+_DIGESTS: dict[str, tuple[list[int], str]] = {}
+_DIGESTS_MAX = 65536
+
+
+def _digest(path: str, st: os.stat_result) -> str:
+    sig = signature(st)
+    known = _DIGESTS.get(os.path.abspath(path))
+    if known is not None and known[0] == sig:
+        return known[1]
+    digest = _sha256(path)
+    if not _fs.too_new(st, time.time_ns()):
+        if len(_DIGESTS) >= _DIGESTS_MAX:
+            _DIGESTS.clear()
+        _DIGESTS[os.path.abspath(path)] = (sig, digest)
+    return digest
 
 
 def add_variant(
-    variants: list[dict[str, Any]], rows: list[list[Any]], result: str
+    variants: list[dict[str, Any]], rows: list[list[Any]], absent: list[list[Any]], result: str
 ) -> list[dict[str, Any]]:
-    """``variants`` with ``(rows, result)`` first and older duplicates of ``result`` dropped."""
-    kept = [v for v in variants if v.get("result") != result]
-    return [{"deps": rows, "result": result}, *kept][:MAX_VARIANTS]
+    """``variants`` with this one first and older ones with the same dependencies dropped."""
+
+    def contents(v_rows: Any) -> list[list[Any]]:
+        return [list(row[:2]) for row in v_rows]
+
+    kept = [v for v in variants if contents(v.get("deps", [])) != contents(rows)]
+    return [{"deps": rows, "absent": absent, "result": result}, *kept][:MAX_VARIANTS]
 
 
 def variants(manifest: Entry | None) -> list[dict[str, Any]]:
@@ -154,4 +195,8 @@ def variants(manifest: Entry | None) -> list[dict[str, Any]]:
         found = json.loads(manifest[MANIFEST])
     except (KeyError, ValueError):
         return []  # a foreign or damaged manifest is a miss
-    return found if isinstance(found, list) else []
+    if not isinstance(found, list):
+        return []
+    # Variants recorded before failed include lookups were (no "absent") could
+    # hide a header created earlier in the search path: they are not trusted.
+    return [v for v in found if isinstance(v, dict) and "absent" in v]

@@ -1,9 +1,16 @@
-"""A launcher miss: run nvcc, pass its results through, and cache them.
+"""A direct-mode miss: try the preprocessed key, else run nvcc, pass its results through, cache them.
 
-The result is stored under the *result key* (the direct key plus the content
-of every dependency nvcc reported) and added as a variant to the manifest
-under the direct key (:mod:`kernelcache.nvcc.deps`). Imported only on a miss,
-with ``subprocess`` and ``tempfile``.
+1. nvcc's own preprocessing gives the *preprocessed key*
+   (:mod:`kernelcache.nvcc.preprocess`). A result stored under it (the same
+   compile before a comment-only edit) is restored, and the manifest under the
+   direct key gains a variant for today's dependencies.
+2. Otherwise nvcc compiles. The result is stored under the preprocessed key
+   (or, for a source nvcc does not preprocess, the direct key plus the content
+   of every dependency) and added as a variant to the manifest.
+
+Not cached: failed compiles, compiles whose inputs changed while they ran, and
+sources that use a time macro (unless ``KERNELCACHE_SLOPPINESS=time_macros``).
+Imported only on a miss, with ``subprocess`` and ``tempfile``.
 """
 
 from __future__ import annotations
@@ -14,63 +21,110 @@ import sys
 import time
 
 from kernelcache.nvcc import deps as nvcc_deps
-from kernelcache.nvcc.outputs import replay
-from kernelcache.stats.launcher import count
+from kernelcache.nvcc import includes
+from kernelcache.nvcc import key as nvcc_key
+from kernelcache.nvcc.job import Job, Outcome, saved_seconds
+from kernelcache.nvcc.outputs import pack_output, replay, write_outputs
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from kernelcache.cache import Cache
-    from kernelcache.nvcc.args import Invocation
-    from kernelcache.settings import Settings
+    from kernelcache.entry import Entry
+
+#: The result's meta field listing its dependencies (paths as keyed), so that a
+#: preprocessed hit can record today's state of the same files.
+DEPS_META = "deps"
 
 
-def compile_and_cache(
-    cache: Cache,
-    settings: Settings,
-    nvcc: str,
-    args: list[str],
-    inv: Invocation,
-    direct: str,
-    basedir: str | None,
-) -> int:
-    """Run nvcc on a miss, pass its results through, and cache them if nothing raced."""
+def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
+    """The exit code and outcome of a call whose direct lookup missed."""
+    started = time.time_ns()  # before preprocessing: an edit after it is a race
+    pre = None
+    if nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
+        from kernelcache.nvcc import preprocess
+
+        digests = preprocess.digests(job.nvcc, job.inv, job.env, job.basedir)
+        pre = nvcc_key.preprocessed_key(job.command, digests) if digests else None
+    if pre is not None:
+        found = cache.get(pre)
+        if found is not None:
+            outcome = _preprocessed_hit(cache, job, pre, found, started)
+            if outcome is not None:
+                return 0, outcome
+    return _compile(cache, job, pre, started)
+
+
+def _preprocessed_hit(
+    cache: Cache, job: Job, pre: str, result: Entry, started: int
+) -> Outcome | None:
+    """Restore a result found under the preprocessed key and remember today's dependencies."""
+    stored = result.meta.get(DEPS_META)
+    if not isinstance(stored, list):
+        return None
+    paths = [nvcc_deps.resolve(str(p), job.basedir) for p in stored]
+    if None in paths:
+        return None
+    try:
+        recorded = _record([p for p in paths if p is not None], job, started)
+    except OSError:
+        return None
+    if isinstance(recorded, str) or not write_outputs(job.inv, result, job.basedir):
+        return None
+    _add_variant(cache, job, recorded, pre)
+    replay(result["stdout"], result["stderr"])
+    return Outcome("hits", saved=saved_seconds(result), detail="preprocessed_hits")
+
+
+def _compile(cache: Cache, job: Job, pre: str | None, started: int) -> tuple[int, Outcome]:
     import subprocess
     import tempfile
 
+    inv = job.inv
     fd, own_dep = tempfile.mkstemp(prefix="kernelcache-", suffix=".d")
     os.close(fd)
     try:
         # Without a user -MD, nvcc writes its dependency list for us in the same
         # run: no separate preprocessor pass (the output is unchanged by -MD).
         extra = ["-MD", "-MF", own_dep] if inv.depmode is None else []
-        started = time.time_ns()
+        began = time.time_ns()
         try:
-            proc = subprocess.run([nvcc, *args, *extra], capture_output=True, check=False)
+            proc = subprocess.run([job.nvcc, *job.args, *extra], capture_output=True, check=False)
         except OSError as exc:
-            print(f"kernelcache: cannot run {nvcc}: {exc}", file=sys.stderr)
-            return 127
-        elapsed = (time.time_ns() - started) / 1e9
+            print(f"kernelcache: cannot run {job.nvcc}: {exc}", file=sys.stderr)
+            return 127, Outcome("failed")
+        elapsed = (time.time_ns() - began) / 1e9
         replay(proc.stdout, proc.stderr)
         if proc.returncode != 0:
-            count(settings, "failed")
-            return proc.returncode
-        why = _store(cache, nvcc, args, inv, direct, basedir, proc, own_dep, started, elapsed)
-        count(settings, "misses" if why is None else "uncacheable", reason=why)
-        return 0
+            return proc.returncode, Outcome("failed")
+        why = _store(cache, job, pre, proc, own_dep, started, elapsed)
+        return 0, Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
     finally:
         os.unlink(own_dep)
 
 
+def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
+    """``(rows, absent groups)`` of a compile's dependencies, or why it cannot be cached."""
+    recorded = nvcc_deps.record(paths, job.basedir, started)
+    if recorded is None:
+        return "an input changed during the compile"
+    rows, contents = recorded
+    if "time_macros" not in job.sloppy:
+        why = includes.time_macro(contents)
+        if why is not None:
+            return f"uses {why.split(' in ', 1)[0]}"
+    absent = includes.absent(contents, job.user_dirs(), started)
+    if absent is None:
+        return "an input changed during the compile"
+    return rows, includes.watch(absent, job.basedir)
+
+
 def _store(
     cache: Cache,
-    nvcc: str,
-    args: list[str],
-    inv: Invocation,
-    direct: str,
-    basedir: str | None,
+    job: Job,
+    pre: str | None,
     proc: Any,
     own_dep: str,
     started: int,
@@ -79,6 +133,7 @@ def _store(
     """Cache a successful compile; returns why it was not cached, or ``None``."""
     from kernelcache.entry import Entry
 
+    inv = job.inv
     try:
         with open(inv.output or "", "rb") as f:
             output = f.read()
@@ -90,46 +145,52 @@ def _store(
             with open(own_dep, "rb") as f:
                 full = f.read()
         elif inv.depmode == "-MMD":
-            full = _system_deps(nvcc, args)
+            full = _system_deps(job)
         else:
             full = user_dep or b""
-        rows = nvcc_deps.record(nvcc_deps.parse_depfile(full)[1], basedir, started)
+        paths = nvcc_deps.parse_depfile(full)[1]
+        recorded = _record(paths, job, started)
     except (OSError, ValueError) as exc:
         return f"outputs or dependencies unreadable ({type(exc).__name__})"
-    if rows is None:
-        return "an input changed during the compile"
-    artifacts = {"output": output, "stdout": proc.stdout, "stderr": proc.stderr}
+    if isinstance(recorded, str):
+        return recorded
+    stored, encoding = pack_output(output)
+    artifacts = {"output": stored, "stdout": proc.stdout, "stderr": proc.stderr}
     if user_dep is not None:
-        body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.output or "")
+        body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
         if body is None:
             return "dependency file does not start with the output name"
-        artifacts["depfile"] = nvcc_deps.to_stored(body, basedir)
-    meta = {"compile_seconds": round(elapsed, 6), "explicit_target": inv.deptarget}
-    result = result_key(direct, rows)
+        artifacts["depfile"] = nvcc_deps.to_stored(body, job.basedir)
+    meta = {
+        "compile_seconds": round(elapsed, 6),
+        "explicit_target": inv.deptarget,
+        DEPS_META: [row[0] for row in recorded[0]],
+        **encoding,
+    }
+    result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
     cache.put(result, Entry(artifacts, meta))
-    variants = nvcc_deps.add_variant(nvcc_deps.variants(cache.get(direct)), rows, result)
-    cache.put(direct, Entry({nvcc_deps.MANIFEST: json.dumps(variants).encode()}))
+    _add_variant(cache, job, recorded, result)
     return None
 
 
-def _system_deps(nvcc: str, args: list[str]) -> bytes:
+def _add_variant(cache: Cache, job: Job, recorded: tuple[Any, Any], result: str) -> None:
+    from kernelcache.entry import Entry
+
+    rows, absent = recorded
+    known = nvcc_deps.variants(cache.get(job.direct))
+    variants = nvcc_deps.add_variant(known, rows, absent, result)
+    cache.put(job.direct, Entry({nvcc_deps.MANIFEST: json.dumps(variants).encode()}))
+
+
+def _system_deps(job: Job) -> bytes:
     """Full dependencies for an ``-MMD`` compile, whose own file omits system headers."""
     import subprocess
 
     from kernelcache.nvcc.args import dependency_only
 
-    proc = subprocess.run([nvcc, *dependency_only(args)], capture_output=True, check=False)
+    proc = subprocess.run(
+        [job.nvcc, *dependency_only(job.args)], capture_output=True, env=dict(job.env), check=False
+    )
     if proc.returncode != 0:
         raise ValueError("nvcc -M failed")
     return bytes(proc.stdout)
-
-
-def result_key(direct: str, rows: list[list[Any]]) -> str:
-    from kernelcache.keys import KeyBuilder
-
-    return (
-        KeyBuilder("kernelcache.nvcc.result")
-        .add("direct", direct)
-        .add("deps", nvcc_deps.result_rows(rows))
-        .hexdigest()
-    )

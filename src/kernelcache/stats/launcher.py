@@ -1,8 +1,9 @@
 """Launcher statistics: ``nvcc-stats.json`` in the cache directory, shared by all processes.
 
 Every ``kernelcache nvcc`` call adds one to a counter (hits, misses,
-uncacheable with its reason, failed) under an flock; ``kernelcache stats``
-reads them back with :func:`launcher_stats`.
+uncacheable with its reason, failed; ``preprocessed_hits`` among the hits)
+under an flock, once per call;
+``kernelcache stats`` reads them back with :func:`launcher_stats`.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ def launcher_stats(settings: Settings | None = None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def count(settings: Settings, field: str, reason: str | None = None, saved: float = 0.0) -> None:
-    """Add one to ``field`` (and to ``reasons[reason]``) in the shared stats file, under flock."""
+def count(
+    settings: Settings,
+    field: str,
+    reason: str | None = None,
+    saved: float = 0.0,
+    detail: str | None = None,
+) -> None:
+    """Add one to ``field`` (and ``detail``, and ``reasons[reason]``) in the stats file, under flock."""
     import fcntl
 
     path = stats_path(settings)
@@ -53,7 +60,9 @@ def count(settings: Settings, field: str, reason: str | None = None, saved: floa
             data = json.loads(raw or b"{}")
         except ValueError:
             data = {}
-        data[field] = int(data.get(field, 0)) + 1
+        for name in (field, detail):
+            if name is not None:
+                data[name] = int(data.get(name, 0)) + 1
         if reason is not None:
             reasons = data.setdefault("reasons", {})
             reasons[reason] = int(reasons.get(reason, 0)) + 1

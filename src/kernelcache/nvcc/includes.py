@@ -1,0 +1,151 @@
+"""What a compile's sources say beyond their dependency list: failed lookups and time macros.
+
+*Failed include lookups.* With ``-Ia -Ib`` and ``inc.h`` only in ``b/``, the
+preprocessor looked for ``a/inc.h`` first and did not find it; creating
+``a/inc.h`` later changes the compile although no dependency changed (ccache
+has this bug). After a miss, every ``#include``, ``#include_next`` and
+``__has_include`` of every dependency is resolved along the user's search
+path (the including file's directory for quoted names, then ``-I``,
+``CPATH``, ``-isystem``, as gcc does) and the candidates before the one that
+exists are recorded as *absent*. A lookup re-checks them: one ``stat`` per
+directory that holds candidates while that directory is unchanged, and a
+``stat`` per candidate once it changed. Directories nvcc and gcc add
+themselves (the toolkit's and the system's) are not watched: a header
+appearing there is a toolchain change. Computed includes (``#include
+MACRO``) cannot be resolved and are not recorded.
+
+*Time macros.* A dependency that mentions ``__TIME__``, ``__DATE__`` or
+``__TIMESTAMP__`` makes the result depend on the clock: it is not cached
+unless ``KERNELCACHE_SLOPPINESS=time_macros`` (ccache's switch) says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from kernelcache import _fs
+from kernelcache.nvcc.args import normalize_path
+from kernelcache.nvcc.deps import resolve, signature
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from kernelcache.nvcc.args import Invocation
+
+TIME_MACROS = (b"__TIME__", b"__DATE__", b"__TIMESTAMP__")
+_DIRECTIVE = re.compile(
+    rb"^[ \t]*#[ \t]*(include_next|include|import)[ \t]*([<\"])([^>\"\n]+)[>\"]"
+    rb"|(__has_include_next|__has_include)[ \t]*\([ \t]*([<\"])([^>\"\n]+)[>\"]",
+    re.MULTILINE,
+)
+
+
+def time_macro(contents: Mapping[str, bytes]) -> str | None:
+    """``"__TIME__ in k.cu"`` for the first file that mentions a time macro, else ``None``."""
+    for path, data in contents.items():
+        for macro in TIME_MACROS:
+            if macro in data:
+                return f"{macro.decode()} in {path}"
+    return None
+
+
+def search_path(inv: Invocation, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """``(-I dirs then CPATH, -isystem dirs)`` of this call, in gcc's order."""
+    include = [d for kind, d in inv.includes if kind == "include"]
+    include += [d or "." for d in env.get("CPATH", "").split(os.pathsep) if env.get("CPATH")]
+    system = [d for kind, d in inv.includes if kind == "isystem"]
+    return include, system
+
+
+def _directives(data: bytes) -> list[tuple[bool, bool, str]]:
+    """``(quoted, next, name)`` of every include-like directive in a file."""
+    found = []
+    for m in _DIRECTIVE.finditer(data):
+        if m.group(1):
+            word, quote, name = m.group(1), m.group(2), m.group(3)
+        else:
+            word, quote, name = m.group(4), m.group(5), m.group(6)
+        found.append((quote == b'"', word.endswith(b"next"), os.fsdecode(name).strip()))
+    return found
+
+
+def absent(
+    contents: Mapping[str, bytes], user_dirs: Sequence[str], started_ns: int
+) -> list[str] | None:
+    """Paths the preprocessor looked for and did not find (see the module docstring).
+
+    ``None`` when a candidate appeared during the compile (the result is then
+    not cached: the compile may or may not have seen it).
+    """
+    deps = {os.path.normpath(p) for p in contents}
+    dirs = [os.path.normpath(d) for d in user_dirs]
+    out: dict[str, None] = {}
+    for path, data in contents.items():
+        here = os.path.normpath(os.path.dirname(path) or ".")
+        found_in = next((i for i, d in enumerate(dirs) if here == d), None)
+        for quoted, nxt, name in _directives(data):
+            if os.path.isabs(name):
+                continue
+            if nxt:
+                chain = dirs[found_in + 1 :] if found_in is not None else []
+            else:
+                chain = ([here] if quoted else []) + dirs
+            for d in chain:
+                candidate = os.path.normpath(os.path.join(d, name))
+                try:
+                    st = os.stat(candidate)
+                except OSError:
+                    out[candidate] = None
+                    continue
+                if candidate not in deps and max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns:
+                    return None  # appeared during the compile: which one did it see?
+                break  # found here: later directories were not searched
+    return list(out)
+
+
+def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:
+    """Absent paths grouped under the nearest existing directory, with its stat signature.
+
+    A directory whose signature is unchanged cannot have gained an entry; one
+    changed too recently to trust (timestamps are coarse) has no signature.
+    """
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        parent = os.path.dirname(path) or "."
+        while not os.path.isdir(parent) and parent not in ("", os.sep, "."):
+            parent = os.path.dirname(parent) or "."
+        groups.setdefault(parent, []).append(os.path.relpath(path, parent))
+    now = time.time_ns()
+    out = []
+    for parent, names in groups.items():
+        try:
+            st = os.stat(parent)
+        except OSError:
+            sig = None
+        else:
+            sig = None if _fs.too_new(st, now) else signature(st)
+        out.append([normalize_path(parent, basedir), sig, names])
+    return out
+
+
+def still_absent(groups: Sequence[Sequence[Any]], basedir: str | None) -> bool:
+    """Whether every recorded absent path is still absent."""
+    for stored, sig, names in groups:
+        parent = resolve(stored, basedir)
+        if parent is None:
+            return False
+        if sig is not None:
+            try:
+                if signature(os.stat(parent)) == sig:
+                    continue
+            except OSError:
+                pass  # the directory went away: its candidates are checked one by one
+        for name in names:
+            if os.path.lexists(os.path.join(parent, name)):
+                return False
+    return True

@@ -1,0 +1,207 @@
+"""The launcher's keys: what a cached nvcc result depends on.
+
+- The *command key* holds everything known without reading the sources:
+  nvcc's identity (``--version`` and content hashes, memoised by stat), the
+  host compiler's identity (``-ccbin``, ``NVCC_CCBIN`` or ``gcc`` on ``PATH``:
+  nvcc preprocesses with it), the normalised arguments (outputs removed), the
+  environment variables nvcc and gcc read (:data:`ENV_VARS`), the working
+  directory when debug info names it, and the sloppiness the user allowed.
+- The *direct key* adds the source's content. A manifest under it maps
+  dependency states to results (:mod:`kernelcache.nvcc.deps`).
+- The *preprocessed key* adds nvcc's own preprocessed output instead (host
+  and every device pass, :mod:`kernelcache.nvcc.preprocess`), so that an edit
+  that preprocesses the same (a comment, spaces) finds the same result.
+- Without a preprocessed key (a source nvcc does not preprocess), a result is
+  stored under the direct key plus the content of every dependency.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kernelcache.nvcc.args import Invocation
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+#: Environment variables that change what nvcc (or the gcc it runs) produces.
+#: PATH itself is not keyed: the compilers it resolves to are, by identity.
+ENV_VARS = (
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+    "NVCC_CCBIN",
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+    "SOURCE_DATE_EPOCH",
+)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """A boolean launcher variable (``KERNELCACHE_HASH_DIR=0``); a bad value raises ``ValueError``."""
+    text = env.get(name)
+    if text is None:
+        return default
+    lowered = text.strip().lower()
+    if lowered in _TRUE or lowered in _FALSE:
+        return lowered in _TRUE
+    raise ValueError(f"{name} must be one of 1/0, true/false, yes/no, on/off; got {text!r}")
+
+
+def sloppiness(env: Mapping[str, str]) -> frozenset[str]:
+    """``KERNELCACHE_SLOPPINESS``: what the user allows the cache to ignore (ccache's names)."""
+    words = env.get("KERNELCACHE_SLOPPINESS", "").replace(",", " ").split()
+    unknown = sorted(set(words) - {"time_macros"})
+    if unknown:
+        raise ValueError(f"KERNELCACHE_SLOPPINESS: unknown value(s) {', '.join(unknown)}")
+    return frozenset(words)
+
+
+def which(name: str, env: Mapping[str, str]) -> str | None:
+    from kernelcache.toolchain import which as find
+
+    return find(name, env.get("PATH", os.defpath))
+
+
+def resolve_compiler(name: str, env: Mapping[str, str]) -> str:
+    return name if os.sep in name else (which(name, env) or name)
+
+
+def host_compiler(inv: Invocation, env: Mapping[str, str]) -> str | None:
+    """The host compiler nvcc will run (``-ccbin``, ``NVCC_CCBIN``, else ``gcc``)."""
+    value = inv.ccbin or env.get("NVCC_CCBIN") or "gcc"
+    if os.path.isdir(value):
+        return os.path.join(value, "gcc")  # what nvcc runs for a directory (checked, 13.0)
+    return value if os.sep in value else which(value, env)
+
+
+def names_directory(inv: Invocation, env: Mapping[str, str]) -> bool:
+    """Whether the working directory is keyed: debug info names it, unless hash_dir is off."""
+    hash_dir = flag(env, "KERNELCACHE_HASH_DIR", True)  # checked always: a typo must show
+    return inv.debug and hash_dir
+
+
+class Identities:
+    """Toolchain identities a long-lived process (the server) already knows are unchanged.
+
+    ``kernelcache.toolchain`` memoises an identity by the stat signatures of
+    the files it depends on, but finding them again costs a ``realpath``, a
+    read of the file's head and the memo file's settings on every call. Here
+    those files (the compiler as named, the files a wrapper script names,
+    nvcc's ``nvcc.profile``) are found once and re-checked by ``stat`` alone
+    (``stat`` follows links: another target has another inode); an identity
+    whose files are too new to vouch for their content is not remembered.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[list[str], list[tuple[int, ...] | None], str]] = {}
+
+    def nvcc(self, path: str) -> str:
+        from kernelcache import toolchain
+
+        return self._get("nvcc", path, toolchain.nvcc)
+
+    def executable(self, path: str) -> str:
+        from kernelcache import toolchain
+
+        return self._get("exe", path, toolchain.executable)
+
+    def _get(self, kind: str, path: str, probe: Callable[[str], str]) -> str:
+        known = self._known.get(kind + "\0" + path)
+        if known is not None and [_stat_signature(f) for f in known[0]] == known[1]:
+            return known[2]
+        files = _identity_files(kind, path)
+        sigs = [_stat_signature(f) for f in files]
+        identity = probe(path)
+        if not identity.startswith("probe_failed:") and _trustworthy(sigs):
+            self._known[kind + "\0" + path] = (files, sigs, identity)
+        return identity
+
+
+def _identity_files(kind: str, path: str) -> list[str]:
+    """The files ``toolchain.nvcc``/``toolchain.executable`` derive an identity from."""
+    from kernelcache import toolchain
+
+    try:
+        targets = toolchain.script_targets(os.path.realpath(path))
+    except OSError:
+        targets = []
+    files = [path, *targets]
+    if kind == "nvcc":
+        binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
+        files += [
+            os.path.join(os.path.dirname(os.path.realpath(b)), "nvcc.profile") for b in binaries
+        ]
+    return files
+
+
+def _stat_signature(path: str) -> tuple[int, ...] | None:
+    from kernelcache import _fs
+
+    try:
+        return _fs.signature(os.stat(path))
+    except OSError:
+        return None
+
+
+def _trustworthy(sigs: list[tuple[int, ...] | None]) -> bool:
+    import time
+
+    from kernelcache._fs import TOO_NEW_NS
+
+    now = time.time_ns()  # a signature too new does not vouch for the content (_fs.too_new)
+    return sigs[0] is not None and all(
+        s is None or now - max(s[3], s[4]) >= TOO_NEW_NS for s in sigs
+    )
+
+
+def command_key(
+    nvcc: str, inv: Invocation, env: Mapping[str, str], known: Identities | None = None
+) -> str:
+    """Everything but the sources' content (see the module docstring)."""
+    from kernelcache import toolchain
+    from kernelcache.keys import KeyBuilder
+
+    host = host_compiler(inv, env)
+    nvcc_id = known.nvcc(nvcc) if known else toolchain.nvcc(nvcc)
+    host_id = "probe_failed:FileNotFoundError"
+    if host:
+        host_id = known.executable(host) if known else toolchain.executable(host)
+    builder = KeyBuilder("kernelcache.nvcc.command")
+    builder.add("nvcc", nvcc_id)
+    builder.add("host", host_id)
+    builder.add("args", inv.keyed)
+    builder.add("env", {name: env.get(name) for name in ENV_VARS})
+    builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)
+    builder.add("sloppiness", sorted(sloppiness(env)))
+    return builder.hexdigest()
+
+
+def direct_key(command: str, source: bytes) -> str:
+    from kernelcache.keys import KeyBuilder, sha256
+
+    builder = KeyBuilder("kernelcache.nvcc.direct").add("command", command)
+    return builder.add("source", sha256(source).digest()).hexdigest()
+
+
+def preprocessed_key(command: str, digests: list[str]) -> str:
+    from kernelcache.keys import KeyBuilder
+
+    builder = KeyBuilder("kernelcache.nvcc.preprocessed").add("command", command)
+    return builder.add("preprocessed", digests).hexdigest()
+
+
+def result_key(direct: str, rows: list[list[Any]]) -> str:
+    """The key of a result nvcc could not preprocess: the direct key and every dependency."""
+    from kernelcache.keys import KeyBuilder
+
+    contents = [[str(stored), str(digest)] for stored, digest, _sig in rows]
+    builder = KeyBuilder("kernelcache.nvcc.result").add("direct", direct)
+    return builder.add("deps", contents).hexdigest()

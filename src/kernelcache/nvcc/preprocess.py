@@ -1,0 +1,97 @@
+"""nvcc's own preprocessing of a compile, for the launcher's preprocessed key.
+
+``nvcc --dryrun`` prints the commands nvcc would run for this very compile;
+its preprocessing steps are the host compiler runs with ``-E``: one for the
+host side and one per device architecture (``-D__CUDA_ARCH__=900``). They
+are run as printed, with their output to a pipe instead of a temporary file,
+and their outputs are hashed in order. Two compiles that preprocess the same
+(a header differing only in a comment or in spaces within a line) then get
+the same key (ccache's "preprocessor mode", as its fallback after a direct
+miss). Line markers are kept: they reach warnings and debug info. With
+``KERNELCACHE_BASEDIR`` its absolute prefix is replaced by a token, as in
+keyed arguments.
+
+Used only on a direct-mode miss, before compiling: it costs a dry run and one
+preprocessor run per pass.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+
+from kernelcache.keys import sha256
+from kernelcache.nvcc.args import BASE_TOKEN, without_outputs
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from kernelcache.nvcc.args import Invocation
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+#: Variables of the dry run's preamble that the preprocessing commands need.
+_ENV_FROM_DRYRUN = ("PATH", "LD_LIBRARY_PATH")
+_TIMEOUT = 600
+
+
+def commands(
+    nvcc: str, inv: Invocation, env: Mapping[str, str]
+) -> tuple[list[list[str]], dict[str, str]] | None:
+    """The preprocessing commands of this compile and their environment, or ``None``."""
+    # The same compile, writing nothing: outputs and dependency options removed.
+    args = [*without_outputs(inv.args), *inv.modes, "-o", os.devnull, "--dryrun"]
+    try:
+        proc = subprocess.run(
+            [nvcc, *args], capture_output=True, env=dict(env), timeout=_TIMEOUT, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    run_env = dict(env)
+    found: list[list[str]] = []
+    for raw in proc.stderr.decode("utf-8", "surrogateescape").splitlines():
+        if not raw.startswith("#$ "):
+            continue
+        line = raw[3:].strip()
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            return None  # a line we cannot read: no preprocessed key rather than a wrong one
+        if len(words) == 1 and _ASSIGNMENT.match(line):
+            name, _, value = words[0].partition("=")
+            if name in _ENV_FROM_DRYRUN:
+                run_env[name] = value
+        elif "-E" in words and "-o" in words:
+            i = words.index("-o")
+            found.append(words[:i] + words[i + 2 :])
+    return (found, run_env) if found else None
+
+
+def digests(
+    nvcc: str, inv: Invocation, env: Mapping[str, str], basedir: str | None
+) -> list[str] | None:
+    """SHA-256 of each preprocessed output, in nvcc's order; ``None`` if unavailable."""
+    planned = commands(nvcc, inv, env)
+    if planned is None:
+        return None
+    found, run_env = planned
+    out = []
+    for argv in found:
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, env=run_env, timeout=_TIMEOUT, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if proc.returncode != 0:
+            return None  # the compile will report it
+        text = proc.stdout
+        if basedir:
+            text = text.replace(os.fsencode(basedir + os.sep), BASE_TOKEN.encode())
+        out.append(sha256(text).hexdigest())
+    return out

@@ -1,0 +1,284 @@
+"""The launcher's server: one warm process per user and cache directory that answers hits.
+
+Started on demand by a client (:mod:`kernelcache.nvcc.client`) as
+``python -m kernelcache.nvcc.server DIR``, in its own session, with its
+output appended to ``DIR/launcher.log``. It listens on ``DIR/launcher.sock``
+(mode 0600, in a directory that must be private to this user) and serves
+one request at a time: it enters the client's working directory, reads
+the client's environment from the request, and does the direct lookup with
+a real :class:`~kernelcache.cache.Cache` over the disk (and remote) tiers,
+so its hits are counted where every other hit is. A hit's outputs are
+written here; nvcc's stdout, stderr and status go back to the client. An
+uncacheable call is counted here and the client runs nvcc; anything else
+(a miss, a bad setting) is the client's to run in-process. What it learns
+stays warm: the toolchain identities, the parsed settings, and the content
+digests of files whose stat signature is unchanged and old enough to trust.
+
+Only one server runs per directory (an flock on ``DIR/launcher.lock``). It
+exits after ``KERNELCACHE_SERVER_IDLE`` seconds without a request (default
+600), when its socket is removed or replaced, on SIGTERM, or when a client
+speaks another protocol version; the next client starts a new one. No
+memory tier: a manifest another process updated must be seen at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import socket
+import sys
+import time
+
+from kernelcache.cache import Cache
+from kernelcache.errors import KernelCacheError
+from kernelcache.nvcc.args import parse
+from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
+from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
+from kernelcache.nvcc.key import Identities, resolve_compiler
+from kernelcache.nvcc.outputs import write_outputs
+from kernelcache.settings import Settings
+from kernelcache.tiers import default_tiers
+
+DEFAULT_IDLE = 600.0
+#: Held (flock) by the running server, which writes its pid into it.
+LOCK = "launcher.lock"
+#: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
+MAX_CACHES = 4
+_TICK = 1.0
+#: A client sends its request as soon as it connects; one that does not
+#: must not hold the (one-at-a-time) server for long.
+_REQUEST_TIMEOUT = 5.0
+#: A request is a command line and an environment: far below this.
+_REQUEST_MAX = 64 << 20
+
+__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "stop"]
+
+
+class Server:
+    """The listening socket and the Caches; :meth:`run` serves until idle."""
+
+    def __init__(self, directory: str, idle: float) -> None:
+        self.directory = os.path.abspath(directory)
+        self.idle = idle
+        self.caches: dict[Settings, Cache] = {}
+        self.known = Identities()
+        self.dir_id = _identity(os.stat(self.directory))
+        self.path = os.path.join(self.directory, os.fsdecode(SOCKET))
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a crashed server's; the lock says none is alive
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(_address(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self.sock_id = _identity(os.lstat(self.path))
+        self.sock.listen(128)
+        self.sock.settimeout(_TICK)
+
+    def run(self) -> None:
+        last = time.monotonic()
+        dirty = False
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                if dirty:
+                    for cache in self.caches.values():
+                        cache.flush_stats()
+                    dirty = False
+                if time.monotonic() - last > self.idle or not self._still_bound():
+                    return
+                continue
+            with conn:
+                if not self.handle(conn):
+                    return
+            last, dirty = time.monotonic(), True
+
+    def _still_bound(self) -> bool:
+        try:
+            return _identity(os.lstat(self.path)) == self.sock_id
+        except OSError:
+            return False
+
+    def handle(self, conn: socket.socket) -> bool:
+        """Answer one client; ``False`` when this server should exit."""
+        cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
+            return True  # not this user's: no answer at all
+        conn.settimeout(_REQUEST_TIMEOUT)
+        try:
+            request = receive(conn, _REQUEST_MAX)
+        except (OSError, ValueError):
+            return True
+        if not request or len(request) < 5:
+            return True
+        if request[0] != PROTOCOL:
+            _send(conn, [b"fallback", b"protocol"])
+            return False  # a client of another version: let it start its own server
+        _send(conn, self.answer(request[1:]))
+        return True
+
+    def answer(self, request: list[bytes]) -> list[bytes]:
+        cwd, directory, umask, count = request[:4]
+        if not (count.isdigit() and umask.isdigit()):
+            return [b"fallback", b"malformed"]
+        argc = int(count)
+        argv = [os.fsdecode(a) for a in request[4 : 4 + argc]]
+        env = dict(_pair(item) for item in request[4 + argc :])
+        try:
+            os.chdir(cwd)
+            os.umask(int(umask) & 0o777)  # the outputs get the modes nvcc would give them
+            if _identity(os.stat(directory)) != self.dir_id or not argv:
+                return [b"fallback", b"directory"]
+            env["KERNELCACHE_DIR"] = self.directory
+            settings = Settings.load(environ=env)
+        except (OSError, KernelCacheError):
+            return [b"fallback", b"settings"]
+        nvcc = resolve_compiler(argv[0], env)
+        if settings.disable:
+            return [b"plain", os.fsencode(nvcc)]
+        inv = parse(argv[1:], env)
+        if inv.reason is not None:
+            Outcome("uncacheable", reason=inv.reason).record(settings)
+            return [b"plain", os.fsencode(nvcc)]
+        try:
+            job = Job.prepare(nvcc, inv, env, self.known)
+            cache = self._cache(settings)
+            hit = lookup(cache.get, job)
+        except (OSError, ValueError, KernelCacheError):
+            return [b"fallback", b"lookup"]  # the in-process run says or counts why
+        if hit is None or not write_outputs(inv, hit[1], job.basedir):
+            return [b"fallback", b"miss"]
+        result = hit[1]
+        Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
+        return [b"hit", b"0", result["stdout"], result["stderr"]]
+
+    def _cache(self, settings: Settings) -> Cache:
+        cache = self.caches.get(settings)
+        if cache is None:
+            if len(self.caches) >= MAX_CACHES:
+                self.close_caches()
+            tiers = [t for t in default_tiers(settings) if t.kind != "memory"]
+            cache = self.caches[settings] = Cache(tiers, settings=settings)
+        return cache
+
+    def close_caches(self) -> None:
+        for cache in self.caches.values():
+            cache.close()
+        self.caches.clear()
+
+    def close(self) -> None:
+        self.close_caches()
+        if self._still_bound():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        self.sock.close()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _pair(item: bytes) -> tuple[str, str]:
+    name, _, value = item.partition(b"=")
+    return os.fsdecode(name), os.fsdecode(value)
+
+
+def _send(conn: socket.socket, items: list[bytes]) -> None:
+    with contextlib.suppress(OSError):  # the client gave up: it compiles by itself
+        conn.sendall(pack(items))
+
+
+def _address(path: str) -> str:
+    """``path``, or a short alias through ``/proc/self/fd`` when it is too long for sun_path."""
+    if len(os.fsencode(path)) <= 107:
+        return path
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{os.path.basename(path)}"  # fd stays open while we live
+
+
+def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
+    """``KERNELCACHE_SERVER_IDLE`` seconds (default 600); a bad value gives the default."""
+    try:
+        value = float(environ.get("KERNELCACHE_SERVER_IDLE", DEFAULT_IDLE))
+    except ValueError:
+        return DEFAULT_IDLE
+    return value if value > 0 else DEFAULT_IDLE
+
+
+def _private(directory: str) -> bool:
+    st = os.lstat(directory)
+    return os.path.isdir(directory) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def stop(directory: str, timeout: float = 10.0) -> bool:
+    """Stop the server of ``directory`` (SIGTERM) and wait for it; ``False`` if none runs."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        if _try_lock(fd):
+            return False
+        pid = int(os.pread(fd, 32, 0).split()[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while not _try_lock(fd):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the server of {directory} (pid {pid}) did not exit")
+            time.sleep(0.01)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m kernelcache.nvcc.server CACHE_DIR", file=sys.stderr)
+        return 2
+    directory = argv[0]
+    # Hold none of the starting client's descriptors (a build tool's pipes).
+    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
+    with contextlib.suppress(OSError):
+        os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        if not _private(directory):
+            print(f"kernelcache server: {directory} is not private to this user", file=sys.stderr)
+            return 1
+        lock = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(lock, 0)
+        os.write(lock, b"%d\n" % os.getpid())  # for stop()
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            return 0  # another server holds the directory
+        print(f"kernelcache server: {exc}", file=sys.stderr)
+        return 1
+    server = Server(directory, idle_seconds(os.environ))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, os.fsdecode(STARTING)))
+    try:
+        server.run()
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,321 @@
+"""The launcher's server and client: private, self-starting, self-stopping, never needed.
+
+Real processes throughout: the installed ``kernelcache`` executable, a real
+server, real nvcc. Faults are real too (SIGKILL, SIGSTOP, a foreign socket
+owner); only "a server that dies in the middle of a request" is played by a
+small listener that reads the request and hangs up, because a real server
+cannot be killed at exactly that instant on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelcache.nvcc import client, server
+from launcher_env import clean_env, make_bin, server_pid, start_server, stats, wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+KERNEL = """__global__ void saxpy(float a, const float* x, float* y) {
+    int unused_on_purpose;  // a warning on stderr, replayed by every hit
+    y[threadIdx.x] = a * x[threadIdx.x] + y[threadIdx.x];
+}
+"""
+ARGS = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
+
+
+class Setup:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.front = make_bin(root / "bin")
+        self.cache = root / "cache"
+        self.project = root / "project"
+        self.project.mkdir()
+        (self.project / "k.cu").write_text(KERNEL)
+        self.env = clean_env(self.cache)
+
+    def run(self, args: list[str] = ARGS, **env: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(self.front), "nvcc", *args],
+            cwd=self.project,
+            env={**self.env, **env},
+            capture_output=True,
+            check=False,
+        )
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[Setup]:
+    s = Setup(tmp_path)
+    time.sleep(0.05)
+    yield s
+    server.stop(str(s.cache))
+
+
+def warm(s: Setup) -> subprocess.CompletedProcess[bytes]:
+    """A miss (in-process), then the server started: the next call is a server hit."""
+    miss = s.run()
+    assert miss.returncode == 0 and stats(s.cache)["misses"] == 1
+    start_server(s.cache, s.env)
+    return miss
+
+
+def test_hit_from_the_server_is_what_nvcc_gave(setup: Setup) -> None:
+    miss = warm(setup)
+    cold = (setup.project / "k.cubin").read_bytes()
+    (setup.project / "k.cubin").unlink()
+    hit = setup.run()
+    assert (hit.returncode, hit.stdout, hit.stderr) == (0, miss.stdout, miss.stderr)
+    assert b"unused_on_purpose" in hit.stderr
+    assert (setup.project / "k.cubin").read_bytes() == cold
+    assert stats(setup.cache)["server_hits"] == 1
+
+
+def test_socket_and_log_are_private(setup: Setup) -> None:
+    warm(setup)
+    for name in ("launcher.sock", "launcher.log", "launcher.lock"):
+        mode = os.lstat(setup.cache / name).st_mode
+        assert stat.S_IMODE(mode) == 0o600, name
+    assert stat.S_ISSOCK(os.lstat(setup.cache / "launcher.sock").st_mode)
+
+
+def test_a_missing_server_is_started_by_the_next_call(setup: Setup) -> None:
+    assert setup.run().returncode == 0  # creates the cache directory: no server yet
+    assert setup.run().returncode == 0  # a local hit, and a server started for later
+    wait_for(lambda: server_pid(setup.cache) is not None, 60, "the server to start")
+    wait_for(lambda: (setup.cache / "launcher.sock").exists(), 60, "the server to listen")
+    assert setup.run().returncode == 0
+    assert stats(setup.cache) == {**stats(setup.cache), "hits": 2, "server_hits": 1}
+
+
+def test_server_off(setup: Setup) -> None:
+    for _ in range(3):
+        assert setup.run(KERNELCACHE_SERVER="0").returncode == 0
+    assert server_pid(setup.cache) is None and stats(setup.cache)["hits"] == 2
+
+
+def test_idle_server_exits_by_itself(setup: Setup) -> None:
+    setup.env["KERNELCACHE_SERVER_IDLE"] = "1"
+    warm(setup)
+    pid = server_pid(setup.cache)
+    assert pid is not None
+    wait_for(lambda: server_pid(setup.cache) is None, 60, "the idle server to exit")
+    assert not (setup.cache / "launcher.sock").exists()
+
+
+def test_crashed_server_is_replaced(setup: Setup) -> None:
+    warm(setup)
+    pid = server_pid(setup.cache)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: server_pid(setup.cache) is None, 60, "the killed server to go")
+    assert (setup.cache / "launcher.sock").exists()  # stale: nobody listens
+    after_crash = setup.run()
+    assert after_crash.returncode == 0 and b"unused_on_purpose" in after_crash.stderr
+    wait_for(lambda: server_pid(setup.cache) not in (None, pid), 60, "a new server")
+    wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "it to listen")
+    before = stats(setup.cache)["server_hits"]
+    assert setup.run().returncode == 0
+    assert stats(setup.cache)["server_hits"] == before + 1
+
+
+def test_a_hung_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
+    warm(setup)
+    pid = server_pid(setup.cache)
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        (setup.project / "k.cubin").unlink()
+        proc = setup.run(KERNELCACHE_SERVER_TIMEOUT="1")
+        assert proc.returncode == 0 and (setup.project / "k.cubin").stat().st_size > 100
+        assert stats(setup.cache)["server_hits"] == 0 and stats(setup.cache)["hits"] == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+class FakeServer:
+    """A listener on the launcher's socket that reads one request, then hangs up."""
+
+    def __init__(self, path: Path, reply: bytes) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(str(path))
+        finally:
+            os.umask(old)
+        self.sock.listen(4)
+        self.reply = reply
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            client.receive(conn)
+            conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.thread.join(timeout=60)
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param(b"", id="hang-up"),
+        pytest.param(client.pack([b"hit", b"0", b"", b"x" * 100])[:-40], id="truncated-reply"),
+        pytest.param(client.pack([b"something else"]), id="unknown-answer"),
+    ],
+)
+def test_a_server_that_dies_mid_request_is_not_trusted(setup: Setup, reply: bytes) -> None:
+    assert setup.run().returncode == 0  # the cache directory and a cached result
+    fake = FakeServer(setup.cache / "launcher.sock", reply)
+    try:
+        (setup.project / "k.cubin").unlink()
+        proc = setup.run(KERNELCACHE_SERVER_TIMEOUT="30")
+    finally:
+        fake.close()
+    assert proc.returncode == 0 and b"unused_on_purpose" in proc.stderr
+    assert (setup.project / "k.cubin").stat().st_size > 100
+    assert stats(setup.cache)["hits"] == 1 and stats(setup.cache)["server_hits"] == 0
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the socket away")
+def test_a_socket_owned_by_someone_else_is_never_used(setup: Setup) -> None:
+    warm(setup)
+    os.chown(setup.cache / "launcher.sock", 12345, -1, follow_symlinks=False)
+    assert setup.run().returncode == 0
+    assert stats(setup.cache)["server_hits"] == 0 and stats(setup.cache)["hits"] == 1
+
+
+def test_failed_compiles_pass_through_the_executable(setup: Setup) -> None:
+    (setup.project / "bad.cu").write_text("__global__ void k() { not_declared(); }\n")
+    time.sleep(0.05)
+    start_server(setup.cache, setup.env)
+    args = ["-arch=sm_90", "-cubin", "bad.cu", "-o", "bad.cubin"]
+    plain = subprocess.run(["nvcc", *args], cwd=setup.project, capture_output=True, check=False)
+    for _ in range(2):
+        proc = setup.run(args)
+        assert proc.returncode == plain.returncode != 0
+        assert proc.stderr == plain.stderr
+    assert stats(setup.cache)["failed"] == 2 and stats(setup.cache)["hits"] == 0
+
+
+def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Setup) -> None:
+    warm(setup)
+    proc = setup.run(["--version"])
+    assert proc.returncode == 0 and b"Cuda compilation tools" in proc.stdout
+    report = json.loads((setup.cache / "nvcc-stats.json").read_bytes())
+    assert report["uncacheable"] == 1 and report["reasons"] == {"--version": 1}
+
+
+def test_another_protocol_makes_the_server_exit(setup: Setup) -> None:
+    warm(setup)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(setup.cache / "launcher.sock"))
+    sock.sendall(client.pack([b"kernelcache-launcher/0", b"/", b"/", b"18", b"0"]))
+    assert client.receive(sock) == [b"fallback", b"protocol"]
+    sock.close()
+    wait_for(lambda: server_pid(setup.cache) is None, 60, "the server to exit")
+
+
+def test_server_hits_are_in_the_cache_statistics(setup: Setup) -> None:
+    warm(setup)
+    for _ in range(3):
+        assert setup.run().returncode == 0
+    server.stop(str(setup.cache))  # a stopping server flushes what it counted
+    cmd = [sys.executable, "-m", "kernelcache", "--dir", str(setup.cache), "stats", "--json"]
+    report = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
+    # Each hit reads the manifest and the result from the disk tier.
+    assert report["period"]["tiers"]["disk"]["hits"] >= 6, report
+    assert report["nvcc_launcher"]["server_hits"] == 3
+
+
+@pytest.mark.parametrize(
+    "items",
+    [[], [b""], [b"a", b"", b"\0\xff" * 1000], [bytes(range(256))] * 3],
+    ids=["none", "empty", "binary", "all-bytes"],
+)
+def test_messages_round_trip(items: list[bytes]) -> None:
+    message = client.pack(items)
+    assert int.from_bytes(message[:8], "big") == len(message) - 8
+    assert client.unpack(message[8:]) == items
+
+
+def test_a_malformed_message_is_refused() -> None:
+    with pytest.raises(ValueError, match="truncated"):
+        client.unpack(client.pack([b"abcdef"])[8:-2])
+
+
+def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
+    warm(setup)
+    for payload in (
+        (1 << 40).to_bytes(8, "big"),  # announces a terabyte
+        (5).to_bytes(8, "big") + b"abc",  # ends early
+        client.pack([client.PROTOCOL, b"/", b"/", b"18", b"not a count"]),
+    ):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(setup.cache / "launcher.sock"))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(60)
+        assert sock.recv(65536) in (b"", client.pack([b"fallback", b"malformed"]))
+        sock.close()
+    assert setup.run().returncode == 0
+    assert stats(setup.cache)["server_hits"] == 1
+
+
+def test_an_importing_process_uses_the_server_too(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m kernelcache nvcc`` and ``kernelcache-cli nvcc`` run the client in-process."""
+    monkeypatch.chdir(setup.project)
+    for name, value in setup.env.items():
+        monkeypatch.setenv(name, value)
+    # No cache directory yet: no server to ask, none can be started, the launcher runs here.
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert stats(setup.cache)["misses"] == 1 and server_pid(setup.cache) is None
+    # A directory, no server: a local hit, and a server started for the next call.
+    assert client.main(["nvcc", *ARGS]) == 0
+    wait_for(lambda: (setup.cache / "launcher.sock").exists(), 60, "the server to listen")
+    wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "its start to end")
+    capfd.readouterr()
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert b"unused_on_purpose" in capfd.readouterr().err.encode()
+    assert stats(setup.cache)["server_hits"] == 1
+    # Uncacheable: counted by the server, run here.
+    assert client.main(["nvcc", "--version"]) == 0
+    assert "Cuda compilation tools" in capfd.readouterr().out
+    assert stats(setup.cache)["uncacheable"] == 1
+    monkeypatch.setenv("KERNELCACHE_SERVER", "off")
+    assert client.main(["nvcc", *ARGS]) == 0
+    assert stats(setup.cache)["server_hits"] == 1 and stats(setup.cache)["hits"] == 3
+
+
+def test_outputs_written_by_the_server_get_the_callers_umask(setup: Setup) -> None:
+    warm(setup)
+    for umask in (0o022, 0o077):
+        (setup.project / "k.cubin").unlink()
+        proc = subprocess.run(
+            ["/bin/sh", "-c", f'umask {umask:o}; exec "$@"', "sh", str(setup.front), "nvcc", *ARGS],
+            cwd=setup.project,
+            env=setup.env,
+            capture_output=True,
+            check=True,
+        )
+        assert proc.returncode == 0
+        assert stat.S_IMODE((setup.project / "k.cubin").stat().st_mode) == 0o666 & ~umask
+    assert stats(setup.cache)["server_hits"] == 2

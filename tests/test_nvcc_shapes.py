@@ -1,0 +1,194 @@
+"""Command shapes CMake writes, and the wrong hits a ccache user knows, against plain nvcc.
+
+Every call goes through the installed ``kernelcache`` executable (shell
+front, client, server), as a build runs it: the miss runs in-process, the
+hit comes from the server. Each shape's files must be the ones plain nvcc
+writes, byte for byte (objects up to nvcc's pid in temporary names).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelcache.nvcc import server
+from launcher_env import clean_env, make_bin, reasons, start_server, stats
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+KERNEL = """#include "common.cuh"
+__global__ void scale(float* x) { x[threadIdx.x] = twice(x[threadIdx.x]); }
+"""
+COMMON = "#pragma once\n__device__ inline float twice(float v) { return 2.0f * v; }\n"
+
+
+class Launcher:
+    """The ``kernelcache`` executable over one cache directory, with its server running."""
+
+    def __init__(self, front: Path, cache_dir: Path) -> None:
+        self.front, self.cache_dir = front, cache_dir
+        self.env = clean_env(cache_dir)
+
+    def __call__(
+        self, args: list[str], cwd: Path, **env: str
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [str(self.front), "nvcc", *args],
+            cwd=cwd,
+            env={**self.env, **env},
+            capture_output=True,
+            check=False,
+        )
+
+    def outcome(self, args: list[str], cwd: Path, **env: str) -> str:
+        """Run once; ``"server hit"``, ``"hit"``, ``"miss"``, ``"uncacheable"`` or ``"failed"``."""
+        before = stats(self.cache_dir)
+        proc = self(args, cwd, **env)
+        after = stats(self.cache_dir)
+        changed = [k for k in ("hits", "misses", "uncacheable", "failed") if after[k] != before[k]]
+        assert len(changed) == 1, (before, after, proc.stderr)
+        if changed[0] == "hits" and after["server_hits"] != before["server_hits"]:
+            return "server hit"
+        return {"hits": "hit", "misses": "miss"}.get(changed[0], changed[0])
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    root = tmp_path_factory.mktemp("shapes")
+    tool = Launcher(make_bin(root / "bin"), root / "cache")
+    start_server(tool.cache_dir, tool.env)
+    yield tool
+    server.stop(str(tool.cache_dir))
+
+
+def project(root: Path, kernel: str = KERNEL) -> Path:
+    (root / "od").mkdir(parents=True)
+    (root / "k.cu").write_text(kernel)
+    (root / "common.cuh").write_text(COMMON)
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
+    return root
+
+
+def written(root: Path, before: set[Path]) -> dict[str, bytes]:
+    """Files created under ``root`` since ``before``, by relative path; then removed."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path not in before:
+            data = path.read_bytes()
+            # An object names nvcc's temporary files after its pid (tmpxft_<pid>_).
+            out[str(path.relative_to(root))] = re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_", data)
+            path.unlink()
+    return out
+
+
+SHAPES = [
+    pytest.param(
+        ["-forward-unknown-to-host-compiler", "-Wall", "-Wextra", "-c", "k.cu", "-o", "k.o"],
+        id="forwarded-host-flags",
+    ),
+    pytest.param(["-c", "k.cu"], id="no-o"),
+    pytest.param(["-c", "-dc", "k.cu", "-o", "k.o", "-MD", "-MF", "k.d"], id="c-and-dc"),
+    pytest.param(["-c", "k.cu", "-odir", "od", "-MD"], id="odir"),
+    pytest.param(["-c", "k.cu", "-o", "od/k.o.obj", "-MD"], id="md-without-mf"),
+    pytest.param(["-ptx", "k.cu", "-odir", "od/", "-MMD"], id="ptx-odir-mmd"),
+    pytest.param(["-cubin", "k.cu", "-MD", "-MT", "custom"], id="cubin-no-o-md-mt"),
+]
+
+
+@pytest.mark.parametrize("args", SHAPES)
+def test_shape_is_cached_and_matches_plain_nvcc(
+    launcher: Launcher, tmp_path: Path, args: list[str]
+) -> None:
+    # A kernel of its own: shapes that differ only in output names share a key.
+    root = project(tmp_path / "p", KERNEL.replace("scale", f"scale_{abs(hash(tmp_path.name))}"))
+    args = ["-arch=sm_90", *args]
+    before = set(root.rglob("*"))
+    plain = subprocess.run(["nvcc", *args], cwd=root, capture_output=True, check=True)
+    expected = written(root, before)
+    assert expected, "plain nvcc wrote nothing?"
+    assert launcher.outcome(args, root) == "miss"
+    assert written(root, before) == expected
+    hit = launcher(args, root)
+    assert hit.returncode == 0 and hit.stderr == plain.stderr
+    assert written(root, before) == expected
+    assert launcher.outcome(args, root) == "server hit"
+
+
+def test_output_names_are_not_keyed(launcher: Launcher, tmp_path: Path) -> None:
+    """A hit for another output name writes that name's files, as plain nvcc would."""
+    root = project(tmp_path / "p", KERNEL.replace("scale", "renamed"))
+    before = set(root.rglob("*"))
+    assert launcher.outcome(["-arch=sm_90", "-c", "k.cu", "-MD"], root) == "miss"
+    written(root, before)
+    args = ["-arch=sm_90", "-c", "k.cu", "-odir", "od", "-MD"]
+    assert launcher.outcome(args, root) == "server hit"
+    served = written(root, before)
+    subprocess.run(["nvcc", *args], cwd=root, check=True, capture_output=True)
+    assert served == written(root, before)
+    assert set(served) == {"od/k.o", "od/k.d"}
+
+
+def test_time_macros_are_not_cached(launcher: Launcher, tmp_path: Path) -> None:
+    root = project(tmp_path / "p", KERNEL + 'const char* built = __DATE__ " " __TIME__;\n')
+    args = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
+    assert launcher.outcome(args, root) == "uncacheable"
+    assert launcher.outcome(args, root) == "uncacheable"
+    assert (
+        reasons(launcher.cache_dir).get("uses __DATE__", 0)
+        + reasons(launcher.cache_dir).get("uses __TIME__", 0)
+        == 2
+    )
+    # ccache's switch: the user accepts the old time.
+    assert launcher.outcome(args, root, KERNELCACHE_SLOPPINESS="time_macros") == "miss"
+    assert launcher.outcome(args, root, KERNELCACHE_SLOPPINESS="time_macros") == "server hit"
+
+
+def test_time_macro_in_a_header(launcher: Launcher, tmp_path: Path) -> None:
+    root = project(tmp_path / "p")
+    (root / "common.cuh").write_text(COMMON + "static const char* stamp = __TIMESTAMP__;\n")
+    time.sleep(0.05)
+    args = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
+    assert launcher.outcome(args, root) == "uncacheable"
+    assert reasons(launcher.cache_dir)["uses __TIMESTAMP__"] >= 1
+
+
+@pytest.mark.parametrize(
+    "include",
+    [
+        pytest.param('#include "inc.h"', id="quoted"),
+        pytest.param("#include <inc.h>", id="angle"),
+        pytest.param("#if __has_include(<inc.h>)\n#include <inc.h>\n#endif", id="has-include"),
+    ],
+)
+def test_a_header_created_earlier_in_the_search_path_misses(
+    launcher: Launcher, tmp_path: Path, include: str
+) -> None:
+    root = tmp_path / "p"
+    for d in ("a", "b"):
+        (root / d).mkdir(parents=True)
+    kernel = f"k{sum(include.encode())}"  # one per case: equal preprocessed outputs are shared
+    (root / "k.cu").write_text(
+        include + f"\n__global__ void {kernel}(float* x) {{ x[0] = VALUE; }}\n"
+    )
+    (root / "b" / "inc.h").write_text("#define VALUE 1.0f\n")
+    time.sleep(0.05)
+    args = ["-arch=sm_90", "-ptx", "-Ia", "-Ib", "k.cu", "-o", "k.ptx"]
+    assert launcher.outcome(args, root) == "miss"
+    assert launcher.outcome(args, root) == "server hit"
+    (root / "a" / "unrelated.h").write_text("// the directory changed, not the lookup\n")
+    assert launcher.outcome(args, root) == "server hit"
+    (root / "a" / "inc.h").write_text("#define VALUE 2.0f\n")
+    time.sleep(0.05)
+    assert launcher.outcome(args, root) == "miss"
+    subprocess.run(["nvcc", *args[:-1], "plain.ptx"], cwd=root, check=True, capture_output=True)
+    assert (root / "k.ptx").read_bytes() == (root / "plain.ptx").read_bytes()
+    assert b"1073741824" in (root / "k.ptx").read_bytes()  # 2.0f, from a/inc.h
+    os.unlink(root / "a" / "inc.h")
+    assert launcher.outcome(args, root) == "server hit"  # the first variant again
