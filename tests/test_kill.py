@@ -100,10 +100,10 @@ def check_disk_staging_after_kills(path: str) -> None:
     """Files killed writers left in staging (the reads above ignored them) are kept
     while they could belong to a live writer, and swept on open once stale."""
     store = DiskStore(path, **OPTIONS)
-    leftovers = os.listdir(store._staging)  # often one .tmp of the writer killed in write
+    leftovers = os.listdir(store.layout.staging)  # often one .tmp of the writer killed in write
     stale = time.time() - 2 * disk.STALE_STAGING_SECONDS
     for name in leftovers:
-        os.utime(os.path.join(store._staging, name), (stale, stale))
+        os.utime(os.path.join(store.layout.staging, name), (stale, stale))
     store.close()
     DiskStore(path, **OPTIONS).close()
-    assert os.listdir(store._staging) == []
+    assert os.listdir(store.layout.staging) == []
