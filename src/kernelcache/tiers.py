@@ -47,11 +47,11 @@ def default_tiers(settings: Settings) -> list[Store]:
 def settings_dir(settings: Settings) -> str | None:
     """Where a Cache over the default tiers keeps its statistics.
 
-    None when disabled or read-only (read-only writes nothing into a shared
-    directory), and when the directory is not safe to write (someone else's,
-    or writable by others: the disk tier refuses it too).
+    None when disabled, and when the directory is not safe (someone else's,
+    or writable by others: the disk tier refuses it too). A read-only Cache
+    reads them there but records nothing (see :class:`~kernelcache.Cache`).
     """
-    if settings.disable or settings.readonly:
+    if settings.disable:
         return None
     try:
         st = os.stat(settings.dir)
