@@ -182,13 +182,18 @@ class Space:
                 old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
             except FileNotFoundError:
                 old, new = 0, 1
-            tally.add(size - old, new)  # before the rename: a crash leaves it high, not low
+            # Growth is counted before the rename and shrinkage after it: a crash
+            # in between leaves the counter high, never low.
+            grows = max(size - old, 0)
+            tally.add(grows, new)
             try:
                 # Atomic within one file system: readers see the old entry or the new.
                 os.replace(tmp, path)
             except BaseException:
-                tally.add(old - size, -new)
+                tally.add(-grows, -new)
                 raise
+            if size < old:
+                tally.add(size - old, 0)
             self.clean(tally)
 
     def remove(self, key: str, expect_ino: int | None = None) -> bool:
