@@ -320,3 +320,20 @@ def test_import_from_standard_input_and_a_named_pipe(cache_dir: Path, tmp_path: 
     proc2 = kc(other, "import", str(fifo))
     assert proc2.returncode == 0 and "imported 5 entries" in proc2.stdout, proc2.stderr
     assert entry_files(other) == entry_files(cache_dir)
+
+
+def test_import_refuses_a_key_twice_with_different_contents(tmp_path: Path) -> None:
+    from kernelcache.bundle import BundleWriter
+
+    bundle = tmp_path / "dup.kcb"
+    with open(bundle, "wb") as f:
+        writer = BundleWriter(f)
+        writer.add(Entry({"a": b"first"}), KEYS[0])
+        writer.add(Entry({"a": b"other"}), KEYS[1])
+        writer.add(Entry({"a": b"second"}), KEYS[0])
+        writer.finish()
+    fresh = tmp_path / "fresh"
+    proc = kc(fresh, "import", str(bundle))
+    assert proc.returncode == 1 and "appears twice with different contents" in proc.stderr
+    assert "nothing imported" in proc.stderr
+    assert not fresh.exists() or entry_files(fresh) == {}

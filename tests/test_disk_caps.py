@@ -142,12 +142,13 @@ def test_extracted_copies_are_counted_once_and_do_not_pile_up(tmp_path: Path) ->
 
 
 def test_losing_the_counter_cannot_let_the_tier_outgrow_its_cap(tmp_path: Path) -> None:
+    """Each put from a new process (the launcher's way), after the counters were deleted."""
     root = tmp_path / "c"
-    store = DiskStore(root, max_bytes=256 << 10)
     for i in range(200):
-        store.put(f"k{i}", blob(i, 8 << 10))
+        with DiskStore(root, max_bytes=256 << 10) as store:
+            store.put(f"k{i}", blob(i, 8 << 10))
         for counter in (root / "v1" / "space", *(root / "v1" / "shards").glob("*")):
-            counter.unlink(missing_ok=True)  # today's per-shard counters, and the tier's
+            counter.unlink(missing_ok=True)  # the tier's counter (and older per-shard ones)
         assert on_disk(root) <= (256 << 10) + (9 << 10)  # the cap plus the entry in flight
 
 

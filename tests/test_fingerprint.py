@@ -187,19 +187,21 @@ def by_module(x):
 
 
 def project_fingerprints(tmp_path: Path, helpers: str) -> tuple[str, str]:
-    """Fingerprints of kernels in a package whose helpers module holds ``helpers``."""
-    package = f"fp_project_{next(_counter)}"
+    """Fingerprints of kernels in package ``fp_project`` whose helpers module holds
+    ``helpers`` (each call: a new checkout, imported afresh under the same name)."""
     root = tmp_path / f"checkout{next(_counter)}"
-    (root / package).mkdir(parents=True)
-    (root / package / "__init__.py").write_text("")
-    (root / package / "helpers.py").write_text(helpers)
-    (root / package / "kernels.py").write_text(KERNELS)
+    (root / "fp_project").mkdir(parents=True)
+    (root / "fp_project" / "__init__.py").write_text("")
+    (root / "fp_project" / "helpers.py").write_text(helpers)
+    (root / "fp_project" / "kernels.py").write_text(KERNELS)
     sys.path.insert(0, str(root))
     try:
-        kernels = importlib.import_module(f"{package}.kernels")
+        kernels = importlib.import_module("fp_project.kernels")
         return fingerprint.function(kernels.by_name), fingerprint.function(kernels.by_module)
     finally:
         sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.split(".")[0] == "fp_project"]:
+            del sys.modules[name]
 
 
 @pytest.mark.parametrize(
@@ -213,6 +215,7 @@ def test_edits_to_a_helper_in_another_module_of_the_project_count(
     tmp_path: Path, edited: str
 ) -> None:
     before = project_fingerprints(tmp_path, HELPERS)
+    assert project_fingerprints(tmp_path, HELPERS) == before  # another checkout agrees
     after = project_fingerprints(tmp_path, edited)
     assert before[0] != after[0]  # from .helpers import scale
     assert before[1] != after[1]  # helpers.scale(...)
