@@ -25,7 +25,7 @@ import stat
 
 from kernelcache import _fs
 from kernelcache.errors import StoreError
-from kernelcache.stores.disk.layout import TAG_LENGTH, Layout, remove_tree
+from kernelcache.stores.disk.layout import TAG_LENGTH, Layout, is_tag, remove_tree
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
@@ -133,26 +133,23 @@ class Extractor:
         problems: list[tuple[str, str]] = []
         base = self.layout.key_folder(key)
         current = os.path.basename(self.folder(entry, key))
-        try:
-            tags = os.listdir(base)
-        except FileNotFoundError:
-            return []
-        for tag in tags:
+        if not _is_dir(base):
+            return [(base, "not a directory (a link or a file)")] if os.path.lexists(base) else []
+        for tag in sorted(os.listdir(base)):
             folder = f"{base}/{tag}"
-            if tag != current:
+            if not is_tag(tag):
+                problems.append((folder, "not a version folder of extracted copies"))
+            elif tag != current:
                 problems.append((folder, "extracted copies of another version of the entry"))
-                continue
-            try:
-                names = os.listdir(folder)
-            except NotADirectoryError:
-                problems.append((folder, "not a directory"))
-                continue
-            for name in names:
-                target = f"{folder}/{name}"
-                if name not in entry:
-                    problems.append((target, "extracted file of no artifact of the entry"))
-                elif not _fs.holds(target, entry[name], {}):
-                    problems.append((target, "extracted file differs from the entry's verified bytes"))
+            elif not _is_dir(folder):
+                problems.append((folder, "not a directory (a link or a file)"))
+            else:
+                for name in sorted(os.listdir(folder)):
+                    target = f"{folder}/{name}"
+                    if name not in entry:
+                        problems.append((target, "extracted file of no artifact of the entry"))
+                    elif not _fs.holds(target, entry[name], {}):
+                        problems.append((target, "extracted file differs from the verified bytes"))
         return problems
 
     def remove_copies(self, key: str) -> None:
@@ -165,3 +162,11 @@ class Extractor:
             return
         for tag in tags:
             self.space.drop_folder(f"{base}/{tag}")
+
+
+def _is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory itself (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False

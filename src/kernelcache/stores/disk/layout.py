@@ -26,6 +26,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 
 import xxhash
 
@@ -158,6 +159,26 @@ class Layout:
     def refused(self) -> None:
         if self._on_refused is not None:
             self._on_refused()
+
+    def sweep_staging(self, older_than: float) -> int:
+        """Remove what crashed writers left in staging (older than ``older_than`` seconds);
+        returns how many items could not be removed (a read-only mount)."""
+        cutoff = time.time() - older_than
+        try:
+            with os.scandir(self.staging) as it:
+                items = list(it)
+        except OSError:
+            return 1
+        errors = 0
+        for item in items:
+            try:
+                if item.stat(follow_symlinks=False).st_mtime < cutoff:
+                    remove_tree(item.path)
+            except FileNotFoundError:
+                continue  # another process swept it first
+            except OSError:
+                errors += 1
+        return errors
 
     # Checks --------------------------------------------------------------
     def check_root(self, create: bool) -> bool:

@@ -19,7 +19,6 @@ import stat
 import time
 
 from kernelcache._fs import unique, write_new
-from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
     Counters,
@@ -30,6 +29,7 @@ from kernelcache.stores.base import (
     check_caps,
     validate_key,
 )
+from kernelcache.stores.disk.entryfile import check_entry, info_of, read_entry
 from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.layout import (
     OPEN_READ,
@@ -49,17 +49,6 @@ from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 STALE_STAGING_SECONDS = 3600.0
 #: A hit refreshes the entry's mtime (its LRU clock) at most this often.
 TOUCH_INTERVAL = 60.0
-#: Entries up to this size are read in one call; of larger ones, the first
-#: _HEAD_READ bytes (the header, usually a few hundred bytes) come first and
-#: then each artifact straight into its own buffer: copying 8 KB of a big
-#: artifact twice costs more (~0.6 us at 64 KB) than it saves.
-_FIRST_READ = 8192
-_HEAD_READ = 2048
-#: An entry file at least this large whose allocated blocks are under 1/64 of
-#: its size is sparse: never written by the tier, and reading it would
-#: allocate its claimed size (a 100 GiB header over a hole). A miss instead.
-_SPARSE_MIN = 1 << 20
-
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,22 +156,9 @@ class DiskStore(Store):
             self._sweep_staging()
 
     def _sweep_staging(self) -> None:
-        """Remove what crashed writers left in staging (older than an hour)."""
-        cutoff = time.time() - STALE_STAGING_SECONDS
-        try:
-            with os.scandir(self.layout.staging) as it:
-                items = list(it)
-        except OSError:
-            self._count("errors")
-            return
-        for item in items:
-            try:
-                if item.stat(follow_symlinks=False).st_mtime < cutoff:
-                    remove_tree(item.path)
-            except FileNotFoundError:
-                continue  # another process swept it first
-            except OSError:
-                self._count("errors")  # not ours to remove (a read-only mount): left
+        errors = self.layout.sweep_staging(STALE_STAGING_SECONDS)
+        if errors:
+            self._count("errors", errors)
 
     def _refused(self) -> None:
         self._count("refused")
@@ -235,7 +211,7 @@ class DiskStore(Store):
             return None
         try:
             st = os.fstat(fd)
-            entry = self._read(fd, st, key)
+            entry = read_entry(fd, st, key, self.files)
             if not self.read_only and time.time() - st.st_mtime > TOUCH_INTERVAL:
                 os.utime(fd)  # the LRU clock; rate-limited so hits stay read-only I/O
         except CorruptEntry:
@@ -261,26 +237,6 @@ class DiskStore(Store):
             return
         self._count("errors")
         raise StoreError(f"disk tier {self.path}: {exc}") from exc
-
-    def _read(self, fd: int, st: os.stat_result, key: str) -> Entry:
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptEntry("not a regular file")
-        if size >= _SPARSE_MIN and 0 < st.st_blocks * 512 < size // 64:
-            raise CorruptEntry(f"entry file is sparse ({st.st_blocks * 512} of {size} bytes)")
-        head = os.pread(fd, size if size <= _FIRST_READ else _HEAD_READ, 0)
-        if len(head) < size:  # only part of the file was read: the header may reach further
-            need = header_size(head)
-            if len(head) < need <= size:
-                head = os.pread(fd, need, 0)
-        header = parse_header(head)
-        if header.total_size != size:
-            raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
-        # Artifacts inside the first read are sliced from it; larger ones are
-        # read straight into their own bytes object (no second copy).
-        return header.build(
-            lambda offset, length: os.pread(fd, length, offset), key, head, self.files
-        )
 
     # Writes ------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:
@@ -353,14 +309,7 @@ class DiskStore(Store):
         for shard in shards():
             found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
             for f in found:
-                yield self._info(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
-
-    @staticmethod
-    def _info(key: str, st: os.stat_result, path: str, extracted: int) -> EntryInfo:
-        # The size is what the cap counts (prune relies on it): the entry file
-        # plus its extracted copies; ``extracted`` says how much of it is copies.
-        extra = {"ino": st.st_ino, "path": path, "extracted": extracted}
-        return EntryInfo(key, st.st_size + extracted, st.st_mtime, st.st_ctime, extra)
+                yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
 
     def info(self, key: str) -> EntryInfo | None:
         """Size and times of one entry from its file's metadata, or ``None``."""
@@ -373,7 +322,7 @@ class DiskStore(Store):
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        return self._info(key, st, path, tree_size(self.layout.key_folder(key)))
+        return info_of(key, st, path, tree_size(self.layout.key_folder(key)))
 
     def usage(self) -> tuple[int, int]:
         """``(entries, bytes)`` of the whole tier from its counter (cheap; exact unless a
@@ -388,34 +337,9 @@ class DiskStore(Store):
         return self._guard(self.space.recount)
 
     def check(self, info: EntryInfo) -> Damage | None:
-        """Verify the entry file and its extracted copies (removing nothing).
-
-        A copy that differs from the entry's verified bytes (or of another
-        version) makes the entry damaged: removing it takes its copies too.
-        """
+        """Verify the entry file and its extracted copies (removing nothing)."""
         self._usable()
-        path = self.layout.entry_path(info.key)
-        try:
-            fd = os.open(path, OPEN_READ)
-        except FileNotFoundError:
-            return None  # removed meanwhile: nothing to check
-        except OSError as exc:
-            return Damage(info, f"cannot be read: {exc}")
-        try:
-            st = os.fstat(fd)
-            # Removal takes only the very file that was checked, not one published since.
-            checked = self._info(info.key, st, path, info.extra.get("extracted", 0))
-            entry = self._read(fd, st, info.key)
-        except CorruptEntry as exc:
-            return Damage(checked, str(exc))
-        except OSError as exc:
-            return Damage(checked, f"cannot be read: {exc}")
-        finally:
-            os.close(fd)
-        problems = self._guard(lambda: self.files.check(entry, info.key))
-        if problems:
-            return Damage(checked, "; ".join(f"{where}: {what}" for where, what in problems))
-        return None
+        return self._guard(lambda: check_entry(self.layout, self.files, info))
 
     def sweep(self) -> None:
         """Remove stale lock files and staging left by crashed or killed processes."""
