@@ -48,8 +48,8 @@ def count(
     """Add one to ``field`` (and ``detail``, and ``reasons[reason]``) in the stats file, under flock."""
     import fcntl
 
-    if settings.readonly:
-        return  # read-only writes nothing into the (shared) directory
+    if settings.readonly or not _safe(settings.dir):
+        return  # read-only writes nothing into the (shared) directory, nor into a refused one
     path = stats_path(settings)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -88,3 +88,15 @@ def _add(
     if saved:
         data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
     return data
+
+
+def _safe(folder: str) -> bool:
+    """Whether the disk tier would use ``folder`` (see :func:`ownership_problem`)."""
+    from kernelcache.stores.disk.layout import ownership_problem
+
+    try:
+        return ownership_problem(os.stat(folder)) is None
+    except FileNotFoundError:
+        return True  # made private by whoever makes it
+    except OSError:
+        return False

@@ -47,7 +47,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from kernelcache.stores.disk.lru import Record
+    from kernelcache.stores.disk.lru import Candidate, Record
 
 #: Eviction stops at this fraction of each cap. Near 1, so that a full tier
 #: keeps nearly all of its cap; cleaning runs about once per 1 % of the cap written.
@@ -309,26 +309,33 @@ class Space:
             self._count("errors", 1)
 
     def _evict(self, tally: Tally) -> None:
-        candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
-        try:
-            while self._above_target(tally):
-                candidate = next(candidates, None)
-                if candidate is None:
-                    # Every shard was scanned and nothing is left to evict: the counter
-                    # was high (a crash between counting and changing). Recount.
-                    self.recount_locked(tally)
+        # A second pass only when the first ran out of candidates while still over:
+        # the counter was high (a crash between counting and changing; the recount
+        # fixes it), or entries were used while the pass ran (newer now, so last).
+        for _pass in range(2):
+            candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
+            try:
+                while self._above_target(tally):
+                    candidate = next(candidates, None)
+                    if candidate is None:
+                        break
+                    self._evict_one(tally, candidate)
+                else:
                     return
-                path = self.layout.entry_path(candidate.key, candidate.shard)
-                try:
-                    st = os.lstat(path)
-                except FileNotFoundError:
-                    continue  # removed meanwhile
-                if st.st_ino != candidate.ino or st.st_mtime_ns != candidate.mtime_ns:
-                    continue  # used or replaced since the scan: newer than its record says
-                if self.remove_locked(tally, candidate.key, candidate.shard, candidate.ino):
-                    self._count("evictions", 1)
-        finally:
-            candidates.close()
+            finally:
+                candidates.close()
+            self.recount_locked(tally)
+
+    def _evict_one(self, tally: Tally, candidate: Candidate) -> None:
+        path = self.layout.entry_path(candidate.key, candidate.shard)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # removed meanwhile
+        if st.st_ino != candidate.ino or st.st_mtime_ns != candidate.mtime_ns:
+            return  # used or replaced since the scan: newer than its record says
+        if self.remove_locked(tally, candidate.key, candidate.shard, candidate.ino):
+            self._count("evictions", 1)
 
     def _rescan(self, tally: Tally, shard: str) -> list[Record]:
         """A shard's entries for its queue; extraction folders of gone entries are removed."""
