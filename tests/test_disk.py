@@ -401,3 +401,20 @@ def test_damaged_or_missing_counter_is_recounted_before_use(tmp_path: Path, dama
     assert store.counters.evictions == 0
     assert store.usage() == (4, sum(entry_file(store, key).stat().st_size for key in keys))
     assert all(store.get(key) is not None for key in keys)
+
+
+def test_what_the_shard_accounting_left_is_removed_on_open(tmp_path: Path) -> None:
+    """0.1 kept copies in v1/files/<s>/<key>.<tag>/ and counters in v1/shards/: uncounted now."""
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    root = Path(store.path)
+    old_copy = root / "v1" / "files" / shard_of("k") / f"k.{'0' * 16}" / "kernel.cubin"
+    old_copy.parent.mkdir(parents=True)
+    old_copy.write_bytes(b"x" * 1000)
+    (root / "v1" / "shards").mkdir()
+    (root / "v1" / "shards" / "0").write_bytes(bytes(16))
+    reopened = DiskStore(root)
+    assert not (root / "v1" / "files").exists() and not (root / "v1" / "shards").exists()
+    assert reopened.get("k") == entry_of("k")
+    assert reopened.usage() == (1, entry_file(store, "k").stat().st_size)
+    DiskStore(root, read_only=True)  # a read-only open removes nothing (nothing left to see)

@@ -216,9 +216,21 @@ class Layout:
         return True
 
     def ensure(self, create: bool) -> None:
-        """Check (and with ``create``, make) the top directories of ``v1``."""
+        """Check (and with ``create``, make) the top directories of ``v1``.
+
+        A writable tier also removes what 0.1, before whole-tier
+        accounting left: ``v1/files`` (extracted copies, now ``v1/extracted``)
+        and ``v1/shards`` (per-shard counters, now ``v1/space``).
+        """
         for folder in (self.base, self.entries, self.extracted, self.staging, self.lru, self.locks):
             self.directory(folder, create)
+        if create:
+            for old in (f"{self.base}/files", f"{self.base}/shards"):
+                if os.path.lexists(old):
+                    trash = self.trash()
+                    with contextlib.suppress(FileNotFoundError):  # another process took it
+                        os.rename(old, trash)
+                        remove_tree(trash)
 
     def shard_dir(self, top: str, shard: str, create: bool) -> str:
         """``<top>/<shard>``, checked (made when ``create``) on its first use in this process."""

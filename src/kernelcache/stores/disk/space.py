@@ -129,18 +129,21 @@ class Space:
         if self._pid != os.getpid():
             self._fd, self._id, self._pid = None, None, os.getpid()
             self._lock, self._doomed = threading.Lock(), []
-        with self._lock:
-            fd = self._lock_file()
-            try:
-                tally = Tally(fd)
-                if not tally.valid:
-                    self.recount_locked(tally)
-                yield tally
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                doomed, self._doomed = self._doomed, []
-                for path in doomed:
-                    remove_tree(path)
+        doomed: list[str] = []
+        try:
+            with self._lock:
+                fd = self._lock_file()
+                try:
+                    tally = Tally(fd)
+                    if not tally.valid:
+                        self.recount_locked(tally)
+                    yield tally
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    doomed, self._doomed = self._doomed, []
+        finally:
+            for path in doomed:  # after the locks: nobody waits for the deletions
+                remove_tree(path)
 
     def _lock_file(self) -> int:
         """Lock the counter file that the path names now (it may have been removed or replaced)."""

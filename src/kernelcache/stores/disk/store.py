@@ -168,10 +168,11 @@ class DiskStore(Store):
             self._count("errors")
             raise StoreError(self.unusable)
 
-    def _check_shard(self, shard: str) -> None:
-        """Check a shard directory once per process (a symlink there would be followed)."""
+    def _check_shard(self, shard: str, create: bool) -> None:
+        """Check a shard directory once per process (a symlink there would be followed);
+        only a put makes a missing one."""
         try:
-            self.layout.shard_dir(self._entries, shard, create=not self.read_only)
+            self.layout.shard_dir(self._entries, shard, create=create)
         except OSError as exc:
             self._count("errors")
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
@@ -199,7 +200,7 @@ class DiskStore(Store):
         shard = shard_of(key)
         if shard not in self._checked:
             self._usable()
-            self._check_shard(shard)
+            self._check_shard(shard, create=False)
         path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # layout.entry_path, inlined: the hit path
         try:
             fd = os.open(path, OPEN_READ)
@@ -251,7 +252,7 @@ class DiskStore(Store):
             return entry.bind(key)
         shard = shard_of(key)
         if shard not in self._checked:
-            self._check_shard(shard)
+            self._check_shard(shard, create=True)
         tmp = f"{self.layout.staging}/{key[:64]}.{unique()}.tmp"
         try:
             write_new(tmp, parts, durable=self.durable)
