@@ -35,9 +35,10 @@ def sizes(cap: int) -> list[int]:
 
 
 def disk_bytes(root: str) -> int:
-    """Bytes of every file under ``root``/v1/entries and ``root``/v1/files."""
+    """Bytes of every entry file and extracted copy under ``root``/v1 (``extracted``; older
+    versions kept copies in ``files``)."""
     total = 0
-    for part in ("entries", "files"):
+    for part in ("entries", "extracted", "files"):
         for dirpath, _dirs, names in os.walk(os.path.join(root, "v1", part)):
             for name in names:
                 try:

@@ -220,3 +220,23 @@ def snapshot(root: Path) -> dict[str, tuple[int, int]]:
             st = os.lstat(os.path.join(dirpath, name))
             out[os.path.relpath(os.path.join(dirpath, name), root)] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def test_a_forged_lru_record_never_names_a_path_outside_the_shard(tmp_path: Path) -> None:
+    import struct
+
+    victim = tmp_path / "victim.kce"
+    victim.write_bytes(b"precious")
+    store = DiskStore(tmp_path / "c", max_bytes=CAP)
+    for i in range(100):
+        store.put(f"k{i}", blob(i, 10_000))
+    st = victim.stat()
+    forged = b"../../../../victim"
+    record = struct.pack("<qQB", st.st_mtime_ns - 10**9, st.st_ino, len(forged)) + forged
+    for queue in Path(store.layout.lru).iterdir():
+        head = struct.pack("<8sqQ", b"KCLRU\x00\x00\x01", time.time_ns(), 24)
+        queue.write_bytes(head + record)
+    for i in range(100, 150):
+        store.put(f"k{i}", blob(i, 10_000))
+    assert victim.read_bytes() == b"precious"
+    assert store.usage()[1] <= CAP

@@ -78,10 +78,8 @@ class _Queue:
     def load(self) -> None:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:
+        except OSError:  # missing, or a link (never followed): replaced by the next scan
             return
-        except OSError:
-            return  # a link or worse: treated as missing, replaced by the next scan
         size = os.fstat(fd).st_size
         head = os.pread(fd, _HEADER.size, 0)
         if len(head) == _HEADER.size:

@@ -32,6 +32,7 @@ import threading
 
 import xxhash
 
+from kernelcache.stores.base import is_valid_key
 from kernelcache.stores.disk.layout import (
     Layout,
     remove_tree,
@@ -330,6 +331,8 @@ class Space:
             self.recount_locked(tally)
 
     def _evict_one(self, tally: Tally, candidate: Candidate) -> None:
+        if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
+            return  # a damaged queue record: it must never name a path outside the shard
         path = self.layout.entry_path(candidate.key, candidate.shard)
         try:
             st = os.lstat(path)
