@@ -86,6 +86,14 @@ class Extractor:
 
     def serves(self, folder: str, target: str, data: bytes) -> bool:
         """Whether ``target`` (in ``folder``) may be handed out: real folders, the very bytes."""
+        try:
+            st = os.lstat(target)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        if stat.S_ISREG(st.st_mode) and self._pins.get(target) == _fs.signature(st):
+            # Checked before, unchanged since: a folder swapped for a link would
+            # show another inode here, so the folders need no second look.
+            return True
         key_folder = os.path.dirname(folder)
         shard = os.path.basename(os.path.dirname(key_folder))
         self.layout.shard_dir(self.layout.extracted, shard, create=False)  # checked once
