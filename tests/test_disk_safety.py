@@ -116,12 +116,14 @@ def test_a_symlinked_extraction_folder_is_not_followed(tmp_path: Path) -> None:
     shutil.copytree(folder, elsewhere)
     shutil.rmtree(folder)
     folder.symlink_to(elsewhere)
+    before = files_under(elsewhere)
     again = store.get(KEY)
     assert again is not None
     path = Path(again.path("kernel.cubin"))
     assert path.read_bytes() == ARTIFACT
     assert not path.resolve().is_relative_to(elsewhere)
     assert store.counters.refused >= 1
+    assert files_under(elsewhere) == before  # what the link pointed to is left alone
 
 
 def test_a_symlink_at_the_counter_file_makes_no_write_outside(tmp_path: Path) -> None:

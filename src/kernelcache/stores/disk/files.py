@@ -109,9 +109,19 @@ class Extractor:
 
     def _extract(self, entry: Entry, key: str, folder: str) -> None:
         assert self.space is not None
+        key_folder = os.path.dirname(folder)
+        try:
+            st = os.lstat(key_folder)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISDIR(st.st_mode):
+                # A link (or a file) where the key's folder belongs: the link itself
+                # goes (renamed, never followed), not what it points to.
+                self.space.drop_folder(key_folder, expect_ino=st.st_ino)
         try:
             st = os.lstat(folder)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             pass
         else:
             if all(self.serves(folder, f"{folder}/{n}", d) for n, d in entry.items()):
