@@ -299,3 +299,30 @@ def test_a_failed_extraction_leaves_nothing_in_staging(
     assert not path.is_relative_to(store.path)
     assert os.listdir(store.layout.staging) == []
     assert store.counters.errors == 1
+
+
+@pytest.mark.parametrize("top", ["entries", "extracted"])
+def test_a_symlinked_shard_is_never_scanned_or_cleaned(tmp_path: Path, top: str) -> None:
+    """A scan through a link would count what lies elsewhere, and clean it as orphans."""
+    root = tmp_path / "c"
+    store = DiskStore(root, max_bytes=64 << 10)
+    store.put(KEY, entry())
+    shard = shard_of("projects")
+    elsewhere = outside(tmp_path)
+    (elsewhere / "projects").mkdir()  # named like a key of that shard, with no entry
+    (elsewhere / "projects" / "work.txt").write_bytes(b"precious")
+    (elsewhere / "projects.kce").write_bytes(b"precious")
+    link = root / "v1" / top / shard
+    if link.exists():
+        shutil.rmtree(link)
+    link.symlink_to(elsewhere)
+    before = files_under(elsewhere)
+    store.recount()
+    for i in range(40):  # over the cap: evictions, rescans, removals
+        store.put(f"p{i}", Entry({"kernel.cubin": bytes([i]) * 4000}))
+        got = store.get(f"p{i}")
+        assert got is not None
+        got.path("kernel.cubin")
+    store.clear()
+    assert files_under(elsewhere) == before
+    assert store.counters.refused >= 1

@@ -62,18 +62,17 @@ def shards() -> tuple[str, ...]:
     return _SHARD_NAMES
 
 
-def entry_key(item: os.DirEntry[str], shard: str) -> str | None:
-    """The key of the entry file ``item`` in shard directory ``shard``, or ``None``.
+def entry_key(name: str, st: os.stat_result, shard: str) -> str | None:
+    """The key of the entry file ``name`` (status ``st``) in shard directory ``shard``, or ``None``.
 
     Anything else there is foreign and must be neither listed, counted nor
     removed: other names, invalid keys, a key filed under the wrong shard, and
     directories or links named like entries.
     """
-    name = item.name
     if not name.endswith(SUFFIX):
         return None
     key = name[: -len(SUFFIX)]
-    if not is_valid_key(key) or shard_of(key) != shard or not item.is_file(follow_symlinks=False):
+    if not is_valid_key(key) or shard_of(key) != shard or not stat.S_ISREG(st.st_mode):
         return None
     return key
 
@@ -312,6 +311,29 @@ class Found:
         return self.st.st_size + self.extracted
 
 
+def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
+    """``(name, lstat)`` of the items of directory ``path``, never through a link (a link
+    there is refused and lists as empty: scanning it would count, and evict, what lies
+    elsewhere). Items removed meanwhile are left out."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        layout.refused()
+        return []
+    listed = []
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(FileNotFoundError):
+                listed.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+    finally:
+        os.close(fd)
+    return listed
+
+
 def scan_shard(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
     """The entries of ``shard`` and the extraction folders of keys it no longer holds.
 
@@ -320,25 +342,14 @@ def scan_shard(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
     removing an entry and its folder, or by a version that lost a race.
     """
     found: dict[str, Found] = {}
-    try:
-        with os.scandir(f"{layout.entries}/{shard}") as it:
-            items = list(it)
-    except (FileNotFoundError, NotADirectoryError):
-        items = []
-    for item in items:
-        key = entry_key(item, shard)
-        if key is None:
-            continue
-        try:
-            found[key] = Found(key, item.stat(follow_symlinks=False))
-        except FileNotFoundError:
-            continue
+    for name, st in list_dir(layout, f"{layout.entries}/{shard}"):
+        key = entry_key(name, st, shard)
+        if key is not None:
+            found[key] = Found(key, st)
     orphans = []
-    try:
-        with os.scandir(f"{layout.extracted}/{shard}") as it:
-            folders = [(i.name, i.path) for i in it if i.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        folders = []
+    top = f"{layout.extracted}/{shard}"
+    items = list_dir(layout, top)
+    folders = [(name, f"{top}/{name}") for name, st in items if stat.S_ISDIR(st.st_mode)]
     for key, path in folders:
         if not is_valid_key(key) or shard_of(key) != shard:
             continue  # foreign

@@ -208,6 +208,10 @@ class Space:
     def remove_locked(self, tally: Tally, key: str, shard: str, expect_ino: int | None) -> bool:
         """Remove an entry under the lock; the rename into staging makes the inode check
         look at the very file taken, so a newer entry is linked back and survives."""
+        # Renames never follow a link at the name itself; these make sure no link
+        # stands at a directory above it either (replaced once per process).
+        self.layout.shard_dir(self.layout.entries, shard, create=True)
+        self.layout.shard_dir(self.layout.extracted, shard, create=True)
         path = self.layout.entry_path(key, shard)
         trash = self.layout.trash()
         try:
