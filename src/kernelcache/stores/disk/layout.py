@@ -208,9 +208,9 @@ class Layout:
         problem = ownership_problem(st)
         if problem is not None:
             self.refused()
+            fix = "" if not stat.S_ISDIR(st.st_mode) else "`chmod go-w` it (as its owner) or "
             raise UnsafeDirectory(
-                f"refusing cache directory {self.root}: {problem}; "
-                f"fix with `chmod go-w` (as its owner) or use another KERNELCACHE_DIR"
+                f"refusing cache directory {self.root}: {problem}; {fix}use another KERNELCACHE_DIR"
             )
         return True
 

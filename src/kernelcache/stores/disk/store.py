@@ -110,8 +110,7 @@ class DiskStore(Store):
             durable=durable,
             on_error=lambda: self._count("errors"),
         )
-        #: Why the tier refuses to work (its directory is unsafe), or ``None``.
-        self.unusable: str | None = None
+        self.unusable = None
         self._entries = self.layout.entries
         self._checked: set[str] = set()
         self._open()
