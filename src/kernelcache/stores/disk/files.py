@@ -94,6 +94,8 @@ class Extractor:
             # Checked before, unchanged since: a folder swapped for a link would
             # show another inode here, so the folders need no second look.
             return True
+        if stat.S_ISLNK(st.st_mode):
+            self.layout.refused()  # never followed: the copy is extracted again
         key_folder = os.path.dirname(folder)
         shard = os.path.basename(os.path.dirname(key_folder))
         self.layout.shard_dir(self.layout.extracted, shard, create=False)  # checked once
