@@ -240,3 +240,21 @@ def test_a_forged_lru_record_never_names_a_path_outside_the_shard(tmp_path: Path
         store.put(f"k{i}", blob(i, 10_000))
     assert victim.read_bytes() == b"precious"
     assert store.usage()[1] <= CAP
+
+
+def test_a_read_only_launcher_starts_no_server_in_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's server keeps its socket, lock and log in the cache directory."""
+    from kernelcache.nvcc import client
+
+    root = tmp_path / "shared"
+    DiskStore(root).put("k", blob(1, 100))
+    before = snapshot(root)
+    monkeypatch.setenv("KERNELCACHE_DIR", str(root))
+    monkeypatch.setenv("KERNELCACHE_READONLY", "1")
+    monkeypatch.delenv("KERNELCACHE_SERVER", raising=False)
+    ran: list[list[str]] = []
+    rc = client.serve(["nvcc", "--version"], lambda argv: ran.append(argv) or 0, lambda n, a: 1)
+    assert rc == 0 and ran == [["nvcc", "--version"]]  # in-process, no server asked
+    assert snapshot(root) == before
