@@ -6,8 +6,9 @@ interleaved (timing.measure): a hit on a random stored key and a put replacing a
 random stored key, with a cap far above the contents (the accounting runs,
 nothing is evicted); then puts of new keys with the cap set to the current
 contents, so the store stays full and pays for eviction. Eviction is
-amortised (a shard that outgrows its share is cleaned down to 90 %), so
-there the mean matters as much as the median. Every value is 1 KB, so the
+amortised (the tier is cleaned down to 99 % of its cap from per-shard LRU
+queues, a shard rescanned about once per turnover), so there the mean
+matters as much as the median. Every value is 1 KB, so the
 entry count stays where it was filled.
 """
 

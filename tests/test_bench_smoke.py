@@ -38,6 +38,8 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
         assert ("get", size, "raw file (open().read() / tmp+rename)") in measured
     assert {r["op"] for r in result["scaling"]} == {"get", "put"}
     assert result["memory"][0]["n"] > 0
+    caps = result["caps"]["rows"]
+    assert {r["extract"] for r in caps} == {False, True} and max(r["size"] for r in caps) > 0
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
     assert leftovers == [], "the benchmark must remove its directory"

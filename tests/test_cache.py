@@ -139,7 +139,7 @@ def test_put_entry_paths_lie_in_the_disk_tier_and_survive_its_failure(tmp_path: 
     other = Entry({"kernel.cubin": b"\x7fELF" + b"3" * 64})
     stored = cache.put(KEY, other)
     assert other.key is None  # the caller's entry is never modified; put returns the bound one
-    files = tmp_path / "disk" / "v1" / "files"
+    files = tmp_path / "disk" / "v1" / "extracted"
     shutil.rmtree(files)
     files.write_bytes(b"")
     fallback = Path(stored.path("kernel.cubin"))

@@ -266,3 +266,74 @@ def test_output_helpers() -> None:
         "3.5d",
         "4.3w",
     ]
+
+
+def on_disk(root: Path) -> int:
+    """Bytes of entry files and extracted copies (``files``: where older versions put them)."""
+    parts = [root / "v1" / part for part in ("entries", "extracted", "files")]
+    return sum(p.lstat().st_size for part in parts for p in part.rglob("*") if p.is_file())
+
+
+def test_prune_counts_extracted_copies(tmp_path: Path) -> None:
+    """prune --max-size 1M left 2 MB: the copies made for Entry.path() were not counted."""
+    root = tmp_path / "c"
+    with Cache(settings=Settings.load(dir=str(root))) as cache:
+        for i in range(16):
+            stored = cache.put(f"{i:02d}" + "cd" * 31, Entry({"k.cubin": bytes([i]) * 128_000}))
+            stored.path("k.cubin")  # a copy of the same size beside each entry
+    assert on_disk(root) > 2 << 20
+    proc = kc(root, "prune", "--max-size", "1M")
+    assert proc.returncode == 0, proc.stderr
+    assert on_disk(root) <= 1 << 20
+    left = proc.stdout.rsplit("(", 1)[1].split(")")[0]  # "... N entries (X MiB) remain"
+    from kernelcache.units import format_size
+
+    assert left == format_size(on_disk(root))
+
+
+def test_import_from_standard_input_and_a_named_pipe(cache_dir: Path, tmp_path: Path) -> None:
+    """The bundle is read once: a pipe cannot be read twice (verify, then import)."""
+    bundle = tmp_path / "warm.kcb"
+    assert kc(cache_dir, "export", str(bundle)).returncode == 0
+    fresh = tmp_path / "fresh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "--dir", str(fresh), "import", "-"],
+        env={**env, "PYTHONPATH": SRC},
+        input=bundle.read_bytes(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and b"imported 5 entries" in proc.stdout, proc.stderr
+    assert entry_files(fresh) == entry_files(cache_dir)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    other = tmp_path / "other"
+
+    def feed() -> None:
+        with open(fifo, "wb") as f:
+            f.write(bundle.read_bytes())
+
+    import threading
+
+    threading.Thread(target=feed, daemon=True).start()
+    proc2 = kc(other, "import", str(fifo))
+    assert proc2.returncode == 0 and "imported 5 entries" in proc2.stdout, proc2.stderr
+    assert entry_files(other) == entry_files(cache_dir)
+
+
+def test_import_refuses_a_key_twice_with_different_contents(tmp_path: Path) -> None:
+    from kernelcache.bundle import BundleWriter
+
+    bundle = tmp_path / "dup.kcb"
+    with open(bundle, "wb") as f:
+        writer = BundleWriter(f)
+        writer.add(Entry({"a": b"first"}), KEYS[0])
+        writer.add(Entry({"a": b"other"}), KEYS[1])
+        writer.add(Entry({"a": b"second"}), KEYS[0])
+        writer.finish()
+    fresh = tmp_path / "fresh"
+    proc = kc(fresh, "import", str(bundle))
+    assert proc.returncode == 1 and "appears twice with different contents" in proc.stderr
+    assert "nothing imported" in proc.stderr
+    assert not fresh.exists() or entry_files(fresh) == {}

@@ -14,9 +14,8 @@ import pytest
 
 from kernelcache import Cache, Entry, StoreError
 from kernelcache.stores import disk
-from kernelcache.stores.disk import SHARDS, DiskStore
-from kernelcache.stores.disk import space as disk_space
-from kernelcache.stores.disk.space import shard_of
+from kernelcache.stores.disk import DiskStore, shard_of
+from kernelcache.stores.disk.files import Extractor
 
 
 def entry_of(tag: str, size: int = 2000) -> Entry:
@@ -24,7 +23,7 @@ def entry_of(tag: str, size: int = 2000) -> Entry:
 
 
 def entry_file(store: DiskStore, key: str) -> Path:
-    return Path(store._entry_path(key, shard_of(key)))
+    return Path(store.layout.entry_path(key))
 
 
 def keys_in_shard(shard: str, count: int, prefix: str = "k") -> list[str]:
@@ -38,14 +37,17 @@ def keys_in_shard(shard: str, count: int, prefix: str = "k") -> list[str]:
 
 
 def staging_items(store: DiskStore) -> list[str]:
-    return os.listdir(store._staging)
+    return os.listdir(store.layout.staging)
 
 
 def test_directory_is_private(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "new" / "cache")
     store.put("k", entry_of("x"))
-    for path in (store.path, store._base, store._entries, f"{store._entries}/0", store._staging):
+    layout = store.layout
+    shard = f"{layout.entries}/{shard_of('k')}"
+    for path in (store.path, layout.base, layout.entries, shard, layout.staging, layout.lru):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path
+    assert stat.S_IMODE(os.stat(layout.space).st_mode) == 0o600
     assert stat.S_IMODE(entry_file(store, "k").stat().st_mode) == 0o600
 
 
@@ -66,13 +68,13 @@ def plant_foreign_files(store: DiskStore) -> dict[Path, bytes]:
     own_shard_key = keys_in_shard("3", 1, prefix="dirkey")[0]
     foreign = {
         Path(store.path, "notes.txt"): b"top",
-        Path(store._entries, "3", "README"): b"readme",
-        Path(store._entries, "3", "bad name.kce"): b"bad key name",
-        Path(store._entries, "3", ".hidden.kce"): b"hidden",
-        Path(store._entries, "3", f"{own_shard_key}.kce", "inside"): b"a dir named like an entry",
-        Path(store._files, "3", "notes.txt"): b"file in files/",
-        Path(store._files, "3", "x.y"): b"another",
-        Path(store._files, "3", "loose"): b"no dot",
+        Path(store.layout.entries, "3", "README"): b"readme",
+        Path(store.layout.entries, "3", "bad name.kce"): b"bad key name",
+        Path(store.layout.entries, "3", ".hidden.kce"): b"hidden",
+        Path(store.layout.entries, "3", f"{own_shard_key}.kce", "inside"): b"dir named like one",
+        Path(store.layout.extracted, "3", "notes.txt"): b"file in extracted/",
+        Path(store.layout.extracted, "3", "bad name", "x"): b"a folder of no key",
+        Path(store.layout.extracted, "3", "loose"): b"no dot",
     }
     for path, data in foreign.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,10 +83,10 @@ def plant_foreign_files(store: DiskStore) -> dict[Path, bytes]:
 
 
 def test_foreign_files_are_ignored(tmp_path: Path) -> None:
-    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
+    store = DiskStore(tmp_path / "c", max_entries=2)
     foreign = plant_foreign_files(store)
     keys = keys_in_shard("3", 12)
-    for key in keys:  # each put past two in shard 3 cleans it
+    for key in keys:  # each put past two cleans the tier (and scans shard 3)
         store.put(key, entry_of(key))
         got = store.get(key)
         assert got is not None
@@ -238,7 +240,7 @@ def test_failed_write_leaves_no_staging_litter(
 
 def test_stale_staging_is_swept_on_open_and_fresh_staging_stays(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "c")
-    staging = Path(store._staging)
+    staging = Path(store.layout.staging)
     old_file = staging / "k.0123.tmp"
     old_dir = staging / "extract.0123"
     fresh_file = staging / "k.4567.tmp"  # a writer that is still running
@@ -258,10 +260,10 @@ def test_stale_staging_is_swept_on_open_and_fresh_staging_stays(tmp_path: Path) 
 def test_eviction_spares_an_entry_republished_after_it_decided(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Another process re-publishes the victim between the eviction's scan and its
+    """Another process re-publishes the victim between the eviction's choice and its
     unlink; the guarded unlink sees a new inode and puts that entry back."""
-    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 3)
-    victim, second, third, trigger = keys_in_shard("5", 4)
+    store = DiskStore(tmp_path / "c", max_entries=3)
+    victim, second, third, trigger = "victim", "second", "third", "trigger"
     for age, key in enumerate((victim, second, third)):
         store.put(key, entry_of(key))
         then = time.time() - 100 + age  # victim is the least recently used
@@ -273,19 +275,19 @@ def test_eviction_spares_an_entry_republished_after_it_decided(
     def rename(src: Any, dst: Any) -> None:
         if os.fspath(src) == str(entry_file(store, victim)) and not republished:
             # What another process's put does: stage the new entry, publish it by rename.
-            staged = Path(store._staging, "other-process.tmp")
+            staged = Path(store.layout.staging, "other-process.tmp")
             staged.write_bytes(newer.pack(victim))
             os.replace(staged, src)
             republished.append(src)
         real_rename(src, dst)
 
     monkeypatch.setattr(os, "rename", rename)
-    store.put(trigger, entry_of(trigger))  # 4 > 3 in shard 5: clean down to 2.7
+    store.put(trigger, entry_of(trigger))  # 4 > 3: evict the least recently used one
     monkeypatch.undo()
     assert republished
     assert store.get(victim) == newer
-    assert store.counters.evictions == 2
-    assert store.get(second) is None and store.get(third) is None
+    assert store.counters.evictions == 1
+    assert store.get(second) is None and store.get(third) is not None
     assert staging_items(store) == []
 
 
@@ -345,24 +347,21 @@ def test_extraction_finished_by_another_process_meanwhile_is_kept(
     store.put("k", entry_of("k"))
     mine, theirs = store.get("k"), store.get("k")
     assert mine is not None and theirs is not None
-    real_getsize = os.path.getsize
-    first: list[str] = []
-
+    real_serves = Extractor.serves
     loader: list[int] = []
+    raced: list[bool] = []
 
-    def getsize(path: Any) -> int:
-        if not first and os.fspath(path).endswith("kernel.cubin"):
-            first.append("racing")
-            first[0] = theirs.path("kernel.cubin")  # the other process wins the race
-            loader.append(os.open(first[0], os.O_RDONLY))  # and starts loading it
-            raise FileNotFoundError(path)  # as seen just before it did
-        return real_getsize(path)
+    def serves(self: Extractor, folder: str, target: str, data: bytes) -> bool:
+        if not raced:  # the first look: the other process wins the race right after it
+            raced.append(True)
+            loader.append(os.open(theirs.path("kernel.cubin"), os.O_RDONLY))
+            return False  # as seen just before it did
+        return real_serves(self, folder, target, data)
 
-    monkeypatch.setattr(os.path, "getsize", getsize)
+    monkeypatch.setattr(Extractor, "serves", serves)
     try:
         path = mine.path("kernel.cubin")
         monkeypatch.undo()
-        assert path == first[0]
         # The very file the other process opened is still the one at the path.
         assert os.stat(path).st_ino == os.fstat(loader[0]).st_ino
     finally:
@@ -384,48 +383,38 @@ def test_damaged_extraction_is_redone(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "counter",
+    "damage",
     [
-        pytest.param(disk_space._COUNTER.pack(10**12, 1), id="inflated-bytes"),
-        pytest.param(disk_space._COUNTER.pack(1, 10**6), id="inflated-entries"),
+        pytest.param(lambda p: p.write_bytes(b"\x01\x02\x03"), id="cut"),
+        pytest.param(lambda p: p.write_bytes(os.urandom(32)), id="garbage"),
+        pytest.param(lambda p: p.write_bytes(bytes(32)), id="zeros"),
+        pytest.param(lambda p: p.unlink(), id="missing"),
     ],
 )
-def test_shard_recount_repairs_inflated_counters(tmp_path: Path, counter: bytes) -> None:
-    """A counter over the cap makes the next put recount the shard from its files:
-    the counter is exact again and nothing is evicted that fits."""
-    store = DiskStore(tmp_path / "c", max_bytes=SHARDS * 1_000_000, max_entries=SHARDS * 100)
-    keys = keys_in_shard("7", 4)
+def test_damaged_or_missing_counter_is_recounted_before_use(tmp_path: Path, damage: Any) -> None:
+    store = DiskStore(tmp_path / "c", max_bytes=10_000_000, max_entries=100)
+    keys = [f"k{i}" for i in range(4)]
     for key in keys[:3]:
         store.put(key, entry_of(key))
-    Path(store._shards, "7").write_bytes(counter)
+    damage(Path(store.layout.space))
     store.put(keys[3], entry_of(keys[3]))
     assert store.counters.evictions == 0
     assert store.usage() == (4, sum(entry_file(store, key).stat().st_size for key in keys))
     assert all(store.get(key) is not None for key in keys)
 
 
-def test_damaged_counter_reads_as_empty_and_the_next_cleaning_repairs_it(
-    tmp_path: Path,
-) -> None:
-    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
-    keys = keys_in_shard("7", 6)
-    for key in keys[:2]:
-        store.put(key, entry_of(key))
-    Path(store._shards, "7").write_bytes(b"\x01\x02\x03")  # cut short: reads as 0, 0
-    for key in keys[2:]:
-        store.put(key, entry_of(key))  # the third put past the damage cleans the shard
-    files = [key for key in keys if entry_file(store, key).exists()]
-    assert store.usage()[0] == len(files) <= 2
-    assert keys[-1] in files
-
-
-def test_missing_counter_file_is_recreated(tmp_path: Path) -> None:
-    store = DiskStore(tmp_path / "c", max_entries=SHARDS * 2)
-    keys = keys_in_shard("2", 3)
-    store.put(keys[0], entry_of(keys[0]))
-    store.close()
-    os.unlink(Path(store._shards, "2"))
-    reopened = DiskStore(store.path, max_entries=SHARDS * 2)
-    for key in keys[1:]:
-        reopened.put(key, entry_of(key))
-    assert reopened.usage()[0] <= 2
+def test_what_the_shard_accounting_left_is_removed_on_open(tmp_path: Path) -> None:
+    """0.1 kept copies in v1/files/<s>/<key>.<tag>/ and counters in v1/shards/: uncounted now."""
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    root = Path(store.path)
+    old_copy = root / "v1" / "files" / shard_of("k") / f"k.{'0' * 16}" / "kernel.cubin"
+    old_copy.parent.mkdir(parents=True)
+    old_copy.write_bytes(b"x" * 1000)
+    (root / "v1" / "shards").mkdir()
+    (root / "v1" / "shards" / "0").write_bytes(bytes(16))
+    reopened = DiskStore(root)
+    assert not (root / "v1" / "files").exists() and not (root / "v1" / "shards").exists()
+    assert reopened.get("k") == entry_of("k")
+    assert reopened.usage() == (1, entry_file(store, "k").stat().st_size)
+    DiskStore(root, read_only=True)  # a read-only open removes nothing (nothing left to see)

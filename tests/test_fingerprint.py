@@ -163,3 +163,90 @@ def test_env_distinguishes_unset_from_empty(monkeypatch: pytest.MonkeyPatch) -> 
     one = fingerprint.env(["KC_TEST_VAR"])
     assert len({unset, empty, one}) == 3
     assert fingerprint.env(["KC_TEST_VAR", "KC_TEST_VAR"]) == one
+
+
+def test_two_lambdas_on_one_line_differ(tmp_path: Path) -> None:
+    """Their source line is the same; their code is not."""
+    module = load(tmp_path, "add, mul = (lambda x: x + 1), (lambda x: x * 2)\n")
+    assert fingerprint.function(module.add) != fingerprint.function(module.mul)
+    same = load(tmp_path, "f, g = (lambda x: x + 1), (lambda x: x + 1)\n")
+    assert fingerprint.function(same.f) == fingerprint.function(same.g)  # truly the same
+
+
+HELPERS = "SCALE = 2\n\ndef scale(x):\n    return x * SCALE\n"
+KERNELS = """
+from . import helpers
+from .helpers import scale
+
+def by_name(x):
+    return scale(x) + 1
+
+def by_module(x):
+    return helpers.scale(x) + 1
+"""
+
+
+def project_fingerprints(tmp_path: Path, helpers: str) -> tuple[str, str]:
+    """Fingerprints of kernels in package ``fp_project`` whose helpers module holds
+    ``helpers`` (each call: a new checkout, imported afresh under the same name)."""
+    root = tmp_path / f"checkout{next(_counter)}"
+    (root / "fp_project").mkdir(parents=True)
+    (root / "fp_project" / "__init__.py").write_text("")
+    (root / "fp_project" / "helpers.py").write_text(helpers)
+    (root / "fp_project" / "kernels.py").write_text(KERNELS)
+    sys.path.insert(0, str(root))
+    try:
+        kernels = importlib.import_module("fp_project.kernels")
+        return fingerprint.function(kernels.by_name), fingerprint.function(kernels.by_module)
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.split(".")[0] == "fp_project"]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize(
+    "edited",
+    [
+        pytest.param(HELPERS.replace("x * SCALE", "x * SCALE + 1"), id="helper-body"),
+        pytest.param(HELPERS.replace("SCALE = 2", "SCALE = 3"), id="helper-global"),
+    ],
+)
+def test_edits_to_a_helper_in_another_module_of_the_project_count(
+    tmp_path: Path, edited: str
+) -> None:
+    before = project_fingerprints(tmp_path, HELPERS)
+    assert project_fingerprints(tmp_path, HELPERS) == before  # another checkout agrees
+    after = project_fingerprints(tmp_path, edited)
+    assert before[0] != after[0]  # from .helpers import scale
+    assert before[1] != after[1]  # helpers.scale(...)
+
+
+def test_installed_libraries_are_named_not_followed() -> None:
+    import json
+
+    def uses_a_library(x: object) -> str:
+        return json.dumps(x)
+
+    assert fingerprint.same_project(json, fingerprint.project_root(uses_a_library)) is False
+    assert fingerprint.same_project(json.dumps, fingerprint.project_root(uses_a_library)) is False
+
+
+def test_files_without_root_keep_same_named_files_apart(tmp_path: Path) -> None:
+    """a/x.h and b/x.h swapping contents used to give the same digest (both named x.h)."""
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    one, two = tmp_path / "a" / "x.h", tmp_path / "b" / "x.h"
+    one.write_text("#define N 1\n")
+    two.write_text("#define N 2\n")
+    before = fingerprint.files([one, two])
+    one.write_text("#define N 2\n")
+    two.write_text("#define N 1\n")
+    assert fingerprint.files([one, two]) != before
+    # Still independent of where the files are: the same tree elsewhere agrees.
+    other = tmp_path / "copy"
+    for folder, text in (("a", "#define N 2\n"), ("b", "#define N 1\n")):
+        (other / folder).mkdir(parents=True)
+        (other / folder / "x.h").write_text(text)
+    assert fingerprint.files([other / "a" / "x.h", other / "b" / "x.h"]) == fingerprint.files(
+        [one, two]
+    )

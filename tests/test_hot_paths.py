@@ -134,10 +134,10 @@ def test_eviction_removes_extracted_files_of_evicted_entries(tmp_path: Path) -> 
         assert store.counters.evictions > 0
         live = set(store.keys())
         assert live and live != set(keys)
-        folders = {p.name.rsplit(".", 1)[0] for p in root.glob("v1/files/*/*")}
+        folders = {p.name for p in root.glob("v1/extracted/*/*")}
         assert folders <= live  # nothing extracted is left of an evicted entry
         on_disk = sum(p.stat().st_size for p in root.glob("v1/entries/*/*.kce")) + sum(
-            p.stat().st_size for p in root.glob("v1/files/*/*/*")
+            p.stat().st_size for p in root.glob("v1/extracted/*/*/*/*")
         )
         assert store.usage() == (len(live), on_disk)
 
@@ -153,6 +153,6 @@ def test_clear_removes_entries_and_their_extracted_files(tmp_path: Path) -> None
         (root / "v1" / "entries" / "0" / "foreign.txt").write_text("not ours")
         assert store.clear() == 40
         assert list(root.glob("v1/entries/*/*.kce")) == []
-        assert list(root.glob("v1/files/*/*")) == []
+        assert list(root.glob("v1/extracted/*/*")) == []
         assert (root / "v1" / "entries" / "0" / "foreign.txt").exists()
         assert store.usage() == (0, 0)

@@ -286,3 +286,26 @@ def test_mutated_closure_list_is_part_of_the_key() -> None:
     table.append(2)  # the fingerprint hashes container contents, so this is a change
     assert from_table(0) == 3
     assert from_table.cache_info().misses == 2
+
+
+def test_a_global_of_a_helper_in_another_project_module_is_watched(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fingerprint.function follows the project's helpers in other modules; the memo's
+    cheap probes must see what it reads there, or a changed helper gives a stale handle."""
+    package = tmp_path / "memo_project"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("SCALE = 2\n\ndef scale(x):\n    return x * SCALE\n")
+    (package / "kernels.py").write_text(
+        "from . import helpers\n\ndef build(x):\n    return helpers.scale(x)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import memo_project.helpers  # type: ignore[import-not-found]
+    import memo_project.kernels  # type: ignore[import-not-found]
+
+    memo_fn = memoize(memo_project.kernels.build)
+    assert memo_fn(3) == 6
+    monkeypatch.setattr(memo_project.helpers, "SCALE", 5)
+    assert memo_fn(3) == 15  # not the stale 6
+    assert memo_fn.cache_info().misses == 2

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from kernelcache.stores import base
 from kernelcache.stores.base import is_valid_key, validate_key
-from kernelcache.stores.disk import files as disk_files
+from kernelcache.stores.disk import layout as disk_layout
 
 KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 TAG_RE = re.compile(r"[0-9a-f]{16}")
@@ -87,4 +87,4 @@ def test_tag_check_agrees_with_the_regex() -> None:
         for _ in range(20_000)
     ]
     for tag in tags:
-        assert disk_files._is_tag(tag) == (TAG_RE.fullmatch(tag) is not None), repr(tag)
+        assert disk_layout.is_tag(tag) == (TAG_RE.fullmatch(tag) is not None), repr(tag)

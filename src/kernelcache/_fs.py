@@ -11,7 +11,10 @@ file (toolchain probes, NVRTC headers, the launcher's manifests) compares
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
+import time
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 TOO_NEW_NS = 2_000_000_000
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Files :func:`holds` remembers per table before it starts over.
+PINS_MAX = 4096
 
 
 def unique() -> str:
@@ -99,3 +105,50 @@ def write_atomic(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def holds(path: str, data: bytes, pins: dict[str, tuple[int, int, int, int, int]]) -> bool:
+    """Whether ``path`` is a regular file (not a symlink) holding exactly ``data``.
+
+    For files handed to loaders: the content is compared once, then the
+    file is remembered in ``pins`` by its :func:`signature` and trusted while
+    the signature holds (any write or replacement changes it), unless it is
+    :func:`too_new` to vouch for its content.
+    """
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+        return False
+    if pins.get(path) == signature(st):
+        return True
+    try:
+        fd = os.open(path, _READ)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since the lstat
+            return False
+        raise
+    try:
+        st = os.fstat(fd)
+        same = st.st_size == len(data) and _read_all(fd, st.st_size) == data
+    finally:
+        os.close(fd)
+    if same and not too_new(st, time.time_ns()):
+        if len(pins) >= PINS_MAX:
+            pins.clear()
+        pins[path] = signature(st)
+    return same
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks = []
+    while size > 0:
+        chunk = os.read(fd, size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)

@@ -38,6 +38,9 @@ else:
 MAGIC = b"KCENTRY\n"
 FORMAT_VERSION = 1
 MAX_NAME_BYTES = 255
+#: The format counts artifacts in 16 bits and the metadata's bytes in 32.
+MAX_ARTIFACTS = 0xFFFF
+MAX_META_BYTES = 0xFFFFFFFF
 _FIXED = struct.Struct("<HHHHII")
 _PREFIX = struct.Struct("<8sHHHHII")  # magic + fixed, unpacked in one call on the read path
 _NAME_LEN = struct.Struct("<H")
@@ -60,13 +63,20 @@ def validate_name(name: object) -> str:
     """Return ``name`` if it is a safe artifact file name, else raise ``ValueError``.
 
     Artifacts become files (``entry.path(name)``), so a name must be one plain
-    path component: no separators, no ``.``/``..``, no NUL, at most 255 bytes.
+    path component: no separators, no ``.``/``..``, no NUL, at most 255 bytes,
+    and valid Unicode (a lone surrogate has no UTF-8 form: no file can have it).
     """
     if type(name) is str and name in _VALID_NAMES:
         return name
     if not isinstance(name, str):
         raise ValueError(f"artifact name must be str, not {type(name).__name__}: {name!r}")
-    encoded = name.encode("utf-8", "surrogatepass")
+    try:
+        encoded = name.encode()
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"unsafe artifact name {name!r}: it contains a lone surrogate, which cannot be "
+            "part of a file name (decode the name with errors='strict' or 'replace')"
+        ) from None
     if (
         not name
         or name in (".", "..")
@@ -113,7 +123,7 @@ class Entry(Mapping[str, bytes]):
     a store were verified against their checksums before being returned.
     """
 
-    __slots__ = ("_artifacts", "_digest", "_files", "_key", "_lock", "_meta", "_meta_raw", "_paths")
+    __slots__ = ("_artifacts", "_digest", "_files", "_key", "_lock", "_meta_raw")
 
     def __init__(
         self,
@@ -126,6 +136,11 @@ class Entry(Mapping[str, bytes]):
             raise TypeError(
                 f"artifacts must be a mapping of name -> bytes, not {type(artifacts).__name__}"
             )
+        if len(artifacts) > MAX_ARTIFACTS:
+            raise ValueError(
+                f"an entry holds at most {MAX_ARTIFACTS} artifacts, not {len(artifacts)}: "
+                "pack them into fewer (an archive) or split the entry"
+            )
         checked: dict[str, bytes] = {}
         for name, data in artifacts.items():
             validate_name(name)
@@ -134,11 +149,11 @@ class Entry(Mapping[str, bytes]):
             checked[name] = bytes(data)
         self._artifacts = checked
         self._meta_raw = _dump_meta(meta or {})
-        self._meta: dict[str, Any] | None = _load_meta(self._meta_raw)
+        if len(self._meta_raw) > MAX_META_BYTES:
+            raise ValueError(f"entry meta is {len(self._meta_raw)} bytes as JSON; at most 4 GiB")
         self._key = key
         self._files: Files | None = None
         self._digest: str | None = None
-        self._paths: dict[str, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -149,24 +164,20 @@ class Entry(Mapping[str, bytes]):
         key: str | None,
         files: Files | None = None,
         *,
-        meta: dict[str, Any] | None = None,
         digest: str | None = None,
     ) -> Entry:
         """An entry from parts a reader has already checked (names, checksums, JSON).
 
         The read hot path of every byte-oriented tier: nothing is copied or
         validated again. ``artifacts`` must not be modified afterwards.
-        ``meta`` and ``digest``, when known, are ``meta_raw`` parsed and
-        :meth:`digest`'s value.
+        ``digest``, when known, is :meth:`digest`'s value.
         """
         self = cls.__new__(cls)
         self._artifacts = artifacts
         self._meta_raw = meta_raw
-        self._meta = meta
         self._key = key
         self._files = files
         self._digest = digest
-        self._paths = {}
         self._lock = threading.Lock()
         return self
 
@@ -179,9 +190,7 @@ class Entry(Mapping[str, bytes]):
         inside the tier (capped, shared, verified); without one, ``path()``
         writes private copies in this process's temporary directory.
         """
-        return Entry.from_verified(
-            self._artifacts, self._meta_raw, key, files, meta=self._meta, digest=self._digest
-        )
+        return Entry.from_verified(self._artifacts, self._meta_raw, key, files, digest=self._digest)
 
     @property
     def key(self) -> str | None:
@@ -198,7 +207,7 @@ class Entry(Mapping[str, bytes]):
         if digest is None:
             state = xxhash.xxh3_128()
             for name, data in self._artifacts.items():
-                state.update(name.encode("utf-8", "surrogatepass") + b"\0")
+                state.update(name.encode() + b"\0")
                 state.update(len(data).to_bytes(8, "little"))
                 state.update(data)
             digest = self._digest = state.hexdigest()
@@ -236,15 +245,19 @@ class Entry(Mapping[str, bytes]):
 
     @property
     def meta(self) -> dict[str, Any]:
-        if self._meta is None:
-            try:
-                meta = _load_meta(self._meta_raw)
-            except ValueError as exc:
-                raise CorruptEntry(f"entry metadata is not JSON: {exc}") from exc
-            if not isinstance(meta, dict):
-                raise CorruptEntry("entry metadata is not a JSON object")
-            self._meta = meta
-        return self._meta
+        """The metadata, as a new dict on each access.
+
+        Entries are shared (a memory tier hands the same one to every
+        caller), so a caller changing the dict it got must not change what
+        the next caller sees; use :meth:`with_meta` for a changed entry.
+        """
+        try:
+            meta = _load_meta(self._meta_raw)
+        except (ValueError, RecursionError) as exc:
+            raise CorruptEntry(f"entry metadata is not JSON: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise CorruptEntry("entry metadata is not a JSON object")
+        return meta
 
     @property
     def nbytes(self) -> int:
@@ -264,18 +277,14 @@ class Entry(Mapping[str, bytes]):
         """
         self[name]  # an unknown name raises KeyError here, naming the artifacts it has
         with self._lock:
-            existing = self._paths.get(name)
-            if existing is not None and os.path.exists(existing):
-                return existing
+            # Asked each time: the file must be checked each time (it may have
+            # been evicted, altered or replaced since); Files make that cheap.
             try:
-                path = (self._files or _TEMP_FILES).path(self, name)
+                return (self._files or _TEMP_FILES).path(self, name)
             except StoreError:
-                # The tier failed (disk full, removed directory): the bytes in
-                # hand are verified, so a private copy still serves the loader.
-                path = _TEMP_FILES.path(self, name)
-            # Both kinds of Files check the file's size themselves (one stat).
-            self._paths[name] = path
-            return path
+                # The tier failed or may not write (disk full, read-only): the
+                # bytes in hand are verified, so a private copy serves the loader.
+                return _TEMP_FILES.path(self, name)
 
     # Binary format -----------------------------------------------------
     def pack(self, key: str | None = None) -> bytes:
@@ -288,7 +297,7 @@ class Entry(Mapping[str, bytes]):
         key_raw = key.encode()
         table = []
         for name, data in self._artifacts.items():
-            raw = name.encode("utf-8", "surrogatepass")
+            raw = name.encode()
             table.append(_NAME_LEN.pack(len(raw)) + raw + _SIZE.pack(len(data)) + _hash(data))
         table_raw = b"".join(table)
         header = b"".join(
@@ -425,7 +434,7 @@ def parse_header(view: bytes | memoryview) -> Header:
         for _ in range(count):
             (name_len,) = _NAME_LEN.unpack_from(data, pos)
             pos += 2
-            name = data[pos : pos + name_len].decode("utf-8", "surrogatepass")
+            name = data[pos : pos + name_len].decode()
             pos += name_len
             size, checksum = _SIZE_SUM.unpack_from(data, pos)
             pos += _SIZE_SUM.size
@@ -446,8 +455,9 @@ class Files(Protocol):
     """Where ``Entry.path`` finds real files for an entry's artifacts.
 
     A disk tier implements it with files inside the tier; :class:`TempFiles`
-    writes private copies. ``path`` checks the file it returns (at least its
-    size) and may raise :class:`~kernelcache.errors.StoreError`.
+    writes private copies. ``path`` returns a file that holds the artifact's
+    verified bytes (checked, not assumed) and may raise
+    :class:`~kernelcache.errors.StoreError`.
     """
 
     def path(self, entry: Entry, name: str) -> str: ...
@@ -455,6 +465,7 @@ class Files(Protocol):
 
 _tmp_dir: str | None = None
 _tmp_lock = threading.Lock()
+_tmp_pins: dict[str, tuple[int, int, int, int, int]] = {}
 
 
 class TempFiles:
@@ -481,15 +492,12 @@ def _materialize_tmp(entry: Entry, name: str) -> str:
             _tmp_dir = tempfile.mkdtemp(prefix="kernelcache-")  # mode 0700
             # Files handed to loaders live until the process ends, not longer.
             atexit.register(shutil.rmtree, _tmp_dir, True)
-    data = entry[name]
-    folder = os.path.join(_tmp_dir, xxhash.xxh3_128_hexdigest(data))
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, name)
-    try:
-        if os.path.getsize(path) == len(data):
+        data = entry[name]
+        folder = os.path.join(_tmp_dir, xxhash.xxh3_128_hexdigest(data))
+        path = os.path.join(folder, name)
+        if _fs.holds(path, data, _tmp_pins):
             return path
-    except FileNotFoundError:
-        pass  # not written yet
-    # Missing, or cut by something outside this process: (re)write it.
-    _fs.write_atomic(path, data)
-    return path
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        # Missing, or altered by something outside this process: (re)write it.
+        _fs.write_atomic(path, data)
+        return path

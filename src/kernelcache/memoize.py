@@ -122,10 +122,10 @@ def _watch(fn: Any, probes: _Probes, seen: set[int]) -> None:
     if isinstance(fn, functools.partial):
         _watch(fn.func, probes, seen)
         for arg in fn.args:
-            _watch_value(arg, probes, seen, None)
+            _watch_value(arg, probes, seen, None, None)
         probes.containers.append((fn.keywords, _container_sig(fn.keywords)))
         for value in fn.keywords.values():
-            _watch_value(value, probes, seen, None)
+            _watch_value(value, probes, seen, None, None)
         return
     if hasattr(fn, "__wrapped__"):
         probes.attrs.append((fn, "__wrapped__", fn.__wrapped__))
@@ -137,24 +137,34 @@ def _watch(fn: Any, probes: _Probes, seen: set[int]) -> None:
         return
     seen.add(id(code))
     home = getattr(fn, "__module__", None)
+    root = fingerprint.project_root(fn)
     for attr in ("__code__", "__defaults__", "__kwdefaults__"):
         probes.attrs.append((fn, attr, getattr(fn, attr, None)))
     for default in fn.__defaults__ or ():
-        _watch_value(default, probes, seen, home)
+        _watch_value(default, probes, seen, home, root)
     for default in (fn.__kwdefaults__ or {}).values():
-        _watch_value(default, probes, seen, home)
+        _watch_value(default, probes, seen, home, root)
     for cell in fn.__closure__ or ():
         value = _cell_value(cell)
         probes.cells.append((cell, value))
-        _watch_value(value, probes, seen, home)
+        _watch_value(value, probes, seen, home, root)
     namespace = getattr(fn, "__globals__", {})
-    for name in _names(code):
+    names = _names(code)
+    for name in names:
         value = namespace.get(name, _MISSING)
         probes.globals.append((namespace, name, value))
-        _watch_value(value, probes, seen, home)
+        _watch_value(value, probes, seen, home, root)
+        if isinstance(value, types.ModuleType) and fingerprint.same_project(value, root):
+            # fingerprint.function follows the functions the code names in it
+            space = vars(value)
+            for attr in names:
+                probes.globals.append((space, attr, space.get(attr, _MISSING)))
+                _watch_value(space.get(attr, _MISSING), probes, seen, home, root)
 
 
-def _watch_value(value: Any, probes: _Probes, seen: set[int], home: str | None) -> None:
+def _watch_value(
+    value: Any, probes: _Probes, seen: set[int], home: str | None, root: str | None
+) -> None:
     if isinstance(value, _PLAIN) or value is _MISSING or value is _EMPTY_CELL:
         return
     if isinstance(value, _MUTABLE):
@@ -162,8 +172,10 @@ def _watch_value(value: Any, probes: _Probes, seen: set[int], home: str | None) 
     elif isinstance(value, functools.partial) or (
         callable(value)
         and not isinstance(value, type)
-        and home is not None
-        and getattr(value, "__module__", None) == home
+        and (
+            (home is not None and getattr(value, "__module__", None) == home)
+            or fingerprint.same_project(value, root)
+        )
     ):
         _watch(value, probes, seen)
 

@@ -81,10 +81,16 @@ def _parse_secret(name: str, text: str) -> str:
     return text
 
 
-def _parse_optional_size(name: str, text: str) -> int | None:
-    if text.strip().lower() in ("", "0", "none", "unlimited"):
+def _parse_optional_size(name: str, text: str | int) -> int | None:
+    """A cap: ``0`` in any unit (``0``, ``0M``, ``0.0G``), ``none`` or empty mean no cap."""
+    if isinstance(text, str) and text.strip().lower() in ("", "none", "unlimited"):
         return None
-    return parse_size(text)
+    try:
+        size = parse_size(text)
+    except ConfigError as exc:
+        where = name if name.islower() else ENV_PREFIX + name  # an argument, or a variable
+        raise ConfigError(f"{where}: {exc}") from None
+    return size or None
 
 
 # name -> (parser of the environment text, default factory)
@@ -181,12 +187,13 @@ class Settings:
             if arguments.get(name) is not None:
                 value = arguments[name]
                 if name.endswith("max_size"):
-                    value = parse_size(value)
+                    value = _parse_optional_size(name, value)
                 elif name == "local":
                     value = _parse_local(name.upper(), value)
                 values[name] = value
                 sources[name] = "argument"
-            elif var in env:
+            elif env.get(var, "").strip() or (var in env and name != "dir"):
+                # An empty KERNELCACHE_DIR is unset (not the working directory).
                 values[name] = parse(name.upper(), env[var])
                 sources[name] = f"environment {var}"
             else:

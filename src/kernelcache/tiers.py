@@ -17,6 +17,7 @@ from kernelcache.settings import Settings
 from kernelcache.stats import Recorder
 from kernelcache.stores.base import Store
 from kernelcache.stores.disk import DiskStore
+from kernelcache.stores.disk.layout import ownership_problem
 from kernelcache.stores.memory import MemoryStore
 
 #: The SQLite tier's file under the cache directory (``KERNELCACHE_LOCAL=sqlite``).
@@ -44,8 +45,19 @@ def default_tiers(settings: Settings) -> list[Store]:
 
 
 def settings_dir(settings: Settings) -> str | None:
-    """Where a Cache over the default tiers keeps its statistics (none when disabled)."""
-    return None if settings.disable else settings.dir
+    """Where a Cache over the default tiers keeps its statistics.
+
+    None when disabled, and when the directory is not safe (someone else's,
+    or writable by others: the disk tier refuses it too). A read-only Cache
+    reads them there but records nothing (see :class:`~kernelcache.Cache`).
+    """
+    if settings.disable:
+        return None
+    try:
+        st = os.stat(settings.dir)
+    except OSError:
+        return settings.dir  # not made yet: whoever makes it makes it private
+    return settings.dir if ownership_problem(st) is None else None
 
 
 def local_tier(settings: Settings) -> Store:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from kernelcache.errors import ConfigError
 
+#: The largest size accepted: what a signed 64-bit file offset can count.
+MAX_SIZE = (1 << 63) - 1
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 # Compiled on first use (re's own cache): Settings imports this module on the
@@ -17,6 +19,8 @@ def parse_size(text: str | int) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ConfigError(f"size must not be negative: {text}")
+        if text > MAX_SIZE:
+            raise ConfigError(f"size {text} is too large (at most 8 EiB)")
         return text
     import re
 
@@ -25,7 +29,10 @@ def parse_size(text: str | int) -> int:
         raise ConfigError(
             f"invalid size {text!r}: use a number with an optional unit, e.g. 500M or 5G"
         )
-    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    size = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+    if not size <= MAX_SIZE:  # also inf, from a number with hundreds of digits
+        raise ConfigError(f"size {str(text)[:40]!r} is too large (at most 8 EiB)")
+    return int(size)
 
 
 def parse_age(text: str) -> float:

@@ -150,26 +150,23 @@ def _get(tier: Store, key: str) -> Any:
 
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
-    try:
-        count, _size = bundle.verify(args.file)
-    except bundle.BundleError as exc:
-        print(f"kernelcache: error: {args.file}: {exc}; nothing imported", file=sys.stderr)
-        return 1
     with open_cache(settings, write=True) as cache:
-        tiers = _writable(cache.tiers)
-        if not tiers:
+        if not _writable(cache.tiers):
             raise ConfigError("no writable tier to import into (read-only settings?)")
-        progress = Progress("import", count)
-        added = present = 0
-        for done, entry in enumerate(bundle.entries(args.file), 1):
-            key = entry.key or ""
-            if _get(tiers[0], key) is not None:
-                present += 1  # same key, same content: keep the one already stored
-            else:
-                for tier in tiers:
-                    tier.put(key, entry)
-                added += 1
-            progress.update(done)
+        progress = Progress("import", 0)
+        try:
+            # "-" reads standard input: a bundle can arrive through a pipe.
+            with contextlib.ExitStack() as stack:
+                source = sys.stdin.buffer if args.file == "-" else stack.enter_context(
+                    open(args.file, "rb")
+                )
+                result = bundle.import_bundle(source, cache, progress=progress.set)
+        except (bundle.BundleError, StoreError, OSError) as exc:
+            progress.close()
+            print(f"kernelcache: error: {args.file}: {exc}; nothing imported", file=sys.stderr)
+            return 1
         progress.close()
-    print(f"imported {added} entries from {args.file} ({present} were already present)")
+    for key in result.conflicts:
+        print(f"kernelcache: kept the stored entry of {key}: the bundle's differs", file=sys.stderr)
+    print(f"imported {result.added} entries from {args.file} ({result.present} were already present)")
     return 0

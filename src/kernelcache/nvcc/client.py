@@ -136,6 +136,10 @@ def _is_false(value: bytes | None) -> bool:
     return value is not None and value.strip().lower() in (b"0", b"false", b"no", b"off")
 
 
+def _is_true(value: bytes | None) -> bool:
+    return value is not None and value.strip().lower() in (b"1", b"true", b"yes", b"on")
+
+
 def _timeout(value: bytes | None) -> float:
     try:
         seconds = float(value) if value is not None else REPLY_TIMEOUT
@@ -249,7 +253,10 @@ def serve(
     """Run ``argv`` through the server; ``local(argv)`` and ``plain(nvcc, args)`` otherwise."""
     env = _environ()
     cwd = posix.getcwdb()
-    directory = None if _is_false(env.get(b"KERNELCACHE_SERVER")) else cache_dir(env, cwd)
+    # Read-only writes nothing into the cache directory, and a server would
+    # (its socket, lock and log live there): the launcher runs in-process.
+    off = _is_false(env.get(b"KERNELCACHE_SERVER")) or _is_true(env.get(b"KERNELCACHE_READONLY"))
+    directory = None if off else cache_dir(env, cwd)
     reply = None
     if directory is not None:
         reply = ask(directory, [_fsencode(a) for a in argv], cwd)

@@ -108,8 +108,14 @@ def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome |
 
 def _open_cache(settings: Settings) -> Cache:
     from kernelcache.cache import Cache
+    from kernelcache.errors import StoreError
 
-    return Cache(settings=settings)
+    cache = Cache(settings=settings)
+    refused = next((tier.unusable for tier in cache.tiers if tier.unusable), None)
+    if refused is not None:  # the directory is someone else's, or not one: say so
+        cache.close()
+        raise StoreError(refused)
+    return cache
 
 
 def _without_cache(nvcc: str, args: list[str], exc: BaseException) -> int:

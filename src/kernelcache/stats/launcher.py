@@ -30,9 +30,10 @@ def stats_path(settings: Settings | None = None) -> str:
 def launcher_stats(settings: Settings | None = None) -> dict[str, Any]:
     """Counters of every launcher call on this cache directory (all processes)."""
     try:
-        with open(stats_path(settings), "rb") as f:
-            data = json.loads(f.read() or b"{}")
-    except (OSError, ValueError):
+        fd = os.open(stats_path(settings), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(1 << 20) or b"{}")
+    except (OSError, ValueError, RecursionError):  # missing, a link, damaged: no counts
         data = {}
     return data if isinstance(data, dict) else {}
 
@@ -47,27 +48,21 @@ def count(
     """Add one to ``field`` (and ``detail``, and ``reasons[reason]``) in the stats file, under flock."""
     import fcntl
 
+    if settings.readonly or not _safe(settings.dir):
+        return  # read-only writes nothing into the (shared) directory, nor into a refused one
     path = stats_path(settings)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
-        return  # statistics never fail a build
+        return  # statistics never fail a build (nor follow a link out of the cache)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 1 << 20, 0)
         try:
-            data = json.loads(raw or b"{}")
-        except ValueError:
-            data = {}
-        for name in (field, detail):
-            if name is not None:
-                data[name] = int(data.get(name, 0)) + 1
-        if reason is not None:
-            reasons = data.setdefault("reasons", {})
-            reasons[reason] = int(reasons.get(reason, 0)) + 1
-        if saved:
-            data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
+            data = _add(json.loads(raw or b"{}"), field, reason, saved, detail)
+        except (ValueError, TypeError, AttributeError, RecursionError):
+            data = _add({}, field, reason, saved, detail)  # damaged: counting starts over
         encoded = json.dumps(data, sort_keys=True).encode()
         # Pad instead of truncating: truncating a file with data makes ext4
         # flush it (auto_da_alloc), ~3 ms per call. JSON allows trailing spaces.
@@ -76,3 +71,32 @@ def count(
         return
     finally:
         os.close(fd)
+
+
+def _add(
+    data: Any, field: str, reason: str | None, saved: float, detail: str | None
+) -> dict[str, Any]:
+    """``data`` (the parsed file) with one call counted; raises on a damaged document."""
+    if not isinstance(data, dict):
+        raise TypeError("not a JSON object")
+    for name in (field, detail):
+        if name is not None:
+            data[name] = int(data.get(name, 0)) + 1
+    if reason is not None:
+        reasons = data.setdefault("reasons", {})
+        reasons[reason] = int(reasons.get(reason, 0)) + 1
+    if saved:
+        data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
+    return data
+
+
+def _safe(folder: str) -> bool:
+    """Whether the disk tier would use ``folder`` (see :func:`ownership_problem`)."""
+    from kernelcache.stores.disk.layout import ownership_problem
+
+    try:
+        return ownership_problem(os.stat(folder)) is None
+    except FileNotFoundError:
+        return True  # made private by whoever makes it
+    except OSError:
+        return False

@@ -21,6 +21,8 @@ import fcntl
 import json
 import math
 import os
+import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -91,9 +93,34 @@ def _is_section(value: object) -> bool:
     )
 
 
+#: A statistics file larger than this is damaged (they hold counters, not data).
+MAX_FILE_BYTES = 64 << 20
+
+
 def _load_json(path: str) -> object:
-    with open(path, "rb") as f:
-        return json.loads(f.read())
+    """The JSON document in ``path``; ``ValueError`` for anything that is not one.
+
+    Statistics files are never trusted to be what their name says: a link is
+    not followed, and a directory, a huge file or nesting deep enough to
+    exhaust the parser's recursion are damage, like garbage.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR):
+            raise ValueError(f"{path} is not a file") from exc
+        raise
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except IsADirectoryError as exc:
+        raise ValueError(f"{path} is a directory") from exc
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"{path} is over {MAX_FILE_BYTES} bytes")
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:
+        raise ValueError(f"{path} nests too deep") from exc
 
 
 def read_totals(cache_dir: str) -> dict[str, Any]:
@@ -131,7 +158,7 @@ def read_key_hits(cache_dir: str) -> dict[str, tuple[int, float]]:
 def _read_shard(path: str) -> dict[str, tuple[int, float]]:
     try:
         doc = _load_json(path)
-    except (FileNotFoundError, ValueError):
+    except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict):
         return {}
@@ -181,6 +208,10 @@ _inside = threading.local()
 
 
 def _write_json(path: str, doc: object) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            # Damage a rename cannot replace: it is our file's name, so it goes.
+            shutil.rmtree(path, ignore_errors=True)
     _fs.write_atomic(path, json.dumps(doc, separators=(",", ":")).encode())
 
 
@@ -201,7 +232,9 @@ def merge(
         path = os.path.join(folder, "totals.json")
         totals = read_totals(cache_dir)
         if totals.pop("damaged", False):
-            with contextlib.suppress(FileNotFoundError):
+            # Kept for a look if it can be (a directory cannot replace a file
+            # there); _write_json replaces it either way.
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
                 os.replace(path, path + ".corrupt")
         for section in (totals["lifetime"], totals["period"]):
             for name, deltas in tiers.items():

@@ -326,6 +326,8 @@ class Store(abc.ABC):
 
     #: Size cap in bytes, or ``None`` when the tier is unbounded.
     max_bytes: int | None = None
+    #: Why the tier refuses to work at all (its directory is unsafe), or ``None``.
+    unusable: str | None = None
     #: Whether entries live in this process (a hit costs well under a microsecond,
     #: so statistics sample such hits instead of counting each one).
     in_process: bool = False

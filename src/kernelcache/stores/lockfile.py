@@ -46,9 +46,13 @@ _fds_lock = threading.Lock()
 
 
 def open_lock_fd(path: str) -> int:
-    """Open (creating) a lock file; the descriptor is closed in forked children."""
+    """Open (creating) a lock file; the descriptor is closed in forked children.
+
+    Never through a symlink (``O_NOFOLLOW``: ``OSError`` with ``ELOOP``): a
+    link planted at a lock file would make us create or lock files elsewhere.
+    """
     with _fds_lock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         _open_fds.add(fd)
     return fd
 
@@ -128,7 +132,7 @@ class FileFlightLock:
     def _names(self, fd: int) -> bool:
         """Whether the path still names the file ``fd`` has open."""
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             return False
         mine = os.fstat(fd)
@@ -136,19 +140,27 @@ class FileFlightLock:
 
     @staticmethod
     def _lock(fd: int, deadline: float) -> bool:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass  # held by another process: wait for it below
-        except OSError:
-            close_lock_fd(fd)
-            raise
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            close_lock_fd(fd)
-            return False
-        return _BlockingWait(fd).wait(remaining)
+        return lock_within(fd, deadline - time.monotonic())
+
+
+def lock_within(fd: int, timeout: float) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` (from :func:`open_lock_fd`) within ``timeout`` seconds.
+
+    ``False`` when the time ran out, or an ``OSError``: ``fd`` is then no longer
+    the caller's (it is closed, at once or when a helper thread's wait ends).
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass  # held by another process: wait for it below
+    except OSError:
+        close_lock_fd(fd)
+        raise
+    if timeout <= 0:
+        close_lock_fd(fd)
+        return False
+    return _BlockingWait(fd).wait(timeout)
 
 
 class _BlockingWait:
@@ -199,7 +211,7 @@ def sweep_locks(root: str, older_than: float = STALE_LOCK_SECONDS) -> int:
                 continue
             path = os.path.join(dirpath, name)
             with contextlib.suppress(FileNotFoundError):
-                if os.stat(path).st_mtime >= cutoff:
+                if os.lstat(path).st_mtime >= cutoff:
                     continue
                 lock = FileFlightLock(path)
                 if lock.acquire(0.0):

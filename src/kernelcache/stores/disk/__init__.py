@@ -1,15 +1,27 @@
-"""The local-directory tier: :class:`DiskStore` (``store.py``), its shards (``space.py``)
-and the files it extracts for ``Entry.path()`` (``files.py``)."""
+"""The local-directory tier: :class:`DiskStore` (``store.py``), where its files live and
+which directories it trusts (``layout.py``), its counter, removals and eviction
+(``space.py``, with the LRU order in ``lru.py``) and the files it extracts for
+``Entry.path()`` (``files.py``)."""
 
 from __future__ import annotations
 
+from kernelcache.stores.disk.layout import SHARDS, SUFFIX, UnsafeDirectory, shard_of
+from kernelcache.stores.disk.space import LOW_WATER
 from kernelcache.stores.disk.store import (
-    LOW_WATER,
-    SHARDS,
     STALE_STAGING_SECONDS,
-    SUFFIX,
     TOUCH_INTERVAL,
+    DiskCounters,
     DiskStore,
 )
 
-__all__ = ["LOW_WATER", "SHARDS", "STALE_STAGING_SECONDS", "SUFFIX", "TOUCH_INTERVAL", "DiskStore"]
+__all__ = [
+    "LOW_WATER",
+    "SHARDS",
+    "STALE_STAGING_SECONDS",
+    "SUFFIX",
+    "TOUCH_INTERVAL",
+    "DiskCounters",
+    "DiskStore",
+    "UnsafeDirectory",
+    "shard_of",
+]

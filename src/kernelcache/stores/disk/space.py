@@ -1,205 +1,400 @@
-"""The disk tier's shards: which files count, their size counters, and eviction.
+"""The disk tier's space: one counter for the whole tier, its lock, removal and eviction.
 
-Keys are spread over ``SHARDS`` shards by hash. Shard ``s`` has a counter file
-``v1/shards/<s>`` (bytes and entries of ``entries/<s>`` and ``files/<s>``),
-updated under an ``flock`` on it, so a put never scans the whole cache (as
-ccache does). A shard that grows past its share of the caps is recounted from
-its files and cleaned, least recently used first, down to ``LOW_WATER`` of
-its share, by the writer that noticed, under the shard's lock.
+``v1/space`` holds the bytes (entry files plus extracted copies) and the
+entry count of the whole tier, with a checksum. Every change to the tree's
+contents happens under an ``flock`` on it: a put publishes (renames) its
+entry and adds its size, a removal renames the entry away and subtracts
+what it freed, an extraction adds its copies. So the counter is exact, a put
+never scans the cache, and the cap is checked against the whole tier.
 
-Internal to :class:`~kernelcache.stores.disk.DiskStore`, which owns one
-:class:`ShardSpace`.
+Crash safety: additions are counted before the change and subtractions
+after it, so a process killed in between leaves the counter high, never
+low: the tier may keep less than its cap, never more. A missing or damaged
+counter file (deleted, cut, replaced by garbage or a symlink) is rebuilt
+by a full recount before anything is added to it.
+
+Eviction (:meth:`Space.clean`) runs when a change takes the tier over a cap:
+least recently used entries of the whole tier (:mod:`.lru`) are removed,
+each by a rename into staging and an inode check (an entry published after
+the eviction chose its victim is put back), until the tier is at
+``LOW_WATER`` of its caps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import stat
 import struct
 import threading
 
 import xxhash
 
 from kernelcache.stores.base import is_valid_key
+from kernelcache.stores.disk.layout import (
+    Layout,
+    remove_tree,
+    scan_shard,
+    shard_of,
+    shards,
+    tree_size,
+)
+from kernelcache.stores.disk.lru import Queues
 
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
-    from kernelcache.stores.disk import DiskStore
+    from kernelcache.stores.disk.lru import Candidate, Record
 
-SHARDS = 16
-SUFFIX = ".kce"
-#: Cleaning stops when a shard is down to this fraction of its cap.
-LOW_WATER = 0.9
-_COUNTER = struct.Struct("<qq")  # bytes, entries
-_SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
-
-
-def shard_of(key: str) -> str:
-    """The shard (``"0"`` to ``"f"``) that ``key`` is filed under."""
-    return _SHARD_NAMES[xxhash.xxh32_intdigest(key.encode()) % SHARDS]
+#: Eviction stops at this fraction of each cap. Near 1, so that a full tier
+#: keeps nearly all of its cap; cleaning runs about once per 1 % of the cap written.
+LOW_WATER = 0.99
+_MAGIC = b"KCSPACE1"
+_TALLY = struct.Struct("<8sqqQ")  # magic, bytes, entries, xxh64 of the fields before it
+_OPEN = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
-def entry_key(item: os.DirEntry[str], shard: str) -> str | None:
-    """The key of the entry file ``item`` in shard directory ``shard``, or ``None``.
+def _pack(size: int, count: int) -> bytes:
+    body = struct.pack("<8sqq", _MAGIC, size, count)
+    return body + struct.pack("<Q", xxhash.xxh64_intdigest(body))
 
-    Anything else there is foreign and must be neither listed, counted nor
-    removed: other names, invalid keys, a key filed under the wrong shard, and
-    directories or links named like entries (a directory made cleaning fail
-    with IsADirectoryError on every put to its shard).
-    """
-    name = item.name
-    if not name.endswith(SUFFIX):
+
+def parse_tally(raw: bytes) -> tuple[int, int] | None:
+    """``(bytes, entries)`` from a counter file's bytes, or ``None`` if it is not intact."""
+    if len(raw) != _TALLY.size:
         return None
-    key = name[: -len(SUFFIX)]
-    if not is_valid_key(key) or shard_of(key) != shard or not item.is_file(follow_symlinks=False):
+    magic, size, count, check = _TALLY.unpack(raw)
+    if magic != _MAGIC or check != xxhash.xxh64_intdigest(raw[:-8]) or size < 0 or count < 0:
         return None
-    return key
+    return size, count
 
 
-def tree_size(folder: str) -> int:
-    """Bytes of the files below ``folder``; a file removed meanwhile counts nothing."""
-    total = 0
-    for dirpath, _dirs, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
+class Tally:
+    """The counter while its lock is held: read once, written on each change."""
+
+    __slots__ = ("bytes", "entries", "fd", "valid")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        parsed = parse_tally(os.pread(fd, _TALLY.size, 0))
+        self.valid = parsed is not None
+        self.bytes, self.entries = parsed or (0, 0)
+
+    def add(self, delta_bytes: int, delta_entries: int) -> None:
+        self.set(self.bytes + delta_bytes, self.entries + delta_entries)
+
+    def set(self, size: int, count: int) -> None:
+        self.bytes, self.entries = max(0, size), max(0, count)
+        os.pwrite(self.fd, _pack(self.bytes, self.entries), 0)
+        self.valid = True
 
 
-def read_counter(fd: int) -> tuple[int, int]:
-    """``(bytes, entries)`` from a shard's open counter file."""
-    raw = os.pread(fd, _COUNTER.size, 0)
-    if len(raw) != _COUNTER.size:
-        return 0, 0  # new or damaged counter: the next cleaning recounts the shard
-    size, count = _COUNTER.unpack(raw)
-    return int(size), int(count)
+class Space:
+    """Counter, lock, removals and eviction of one disk tier (see the module docstring).
 
-
-class ShardSpace:
-    """Counters, locks and cleaning of the shards of one :class:`DiskStore`.
-
-    Caps are read from the store on each check, so changing ``max_bytes`` on
-    an open store takes effect at its next put.
+    ``count(name, n)`` records an event in the store's counters; ``caps()``
+    gives ``(max_bytes, max_entries)`` at each check, so a cap changed on an
+    open store applies from its next change.
     """
 
-    def __init__(self, store: DiskStore) -> None:
-        self._store = store
-        self._folder = store._shards
-        self._counter_fds: dict[str, int] = {}
-        self._shard_locks: dict[str, threading.Lock] = {}
-        self._counter_pid = os.getpid()
+    def __init__(
+        self,
+        layout: Layout,
+        count: Callable[[str, int], None],
+        caps: Callable[[], tuple[int | None, int | None]],
+    ) -> None:
+        self.layout = layout
+        self.queues = Queues(layout.lru, shards(), layout.staging)
+        self._count = count
+        self._caps = caps
+        self._fd: int | None = None
+        self._id: tuple[int, int] | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._doomed: list[str] = []
 
+    # The lock ------------------------------------------------------------
     @contextlib.contextmanager
-    def locked(self, shard: str) -> Iterator[int]:
-        """Hold shard ``shard`` against other threads and processes; yields its counter fd.
+    def locked(self) -> Iterator[Tally]:
+        """Hold the tier's space lock; yields the counter (recounted first if it was lost).
 
-        flock belongs to the open file description, so threads sharing the
-        descriptor are not excluded by it (hence the thread lock), and a forked
-        child shares it with its parent (hence new descriptors and locks after fork).
+        flock belongs to the open file description: threads sharing the
+        descriptor are not excluded by it (hence the thread lock), and a
+        forked child shares it with its parent (hence a new one after fork).
+        What was renamed into staging meanwhile is deleted after the lock is released.
         """
-        if self._counter_pid != os.getpid():
-            self._counter_fds = {}
-            self._shard_locks = {}
-            self._counter_pid = os.getpid()
-        lock = self._shard_locks.get(shard)
-        if lock is None:
-            lock = self._shard_locks.setdefault(shard, threading.Lock())
-        with lock:
-            fd = self._counter_fds.get(shard)
-            if fd is None:
-                fd = os.open(
-                    f"{self._folder}/{shard}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                )
-                self._counter_fds[shard] = fd
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        if self._pid != os.getpid():
+            self._fd, self._id, self._pid = None, None, os.getpid()
+            self._lock, self._doomed = threading.Lock(), []
+        doomed: list[str] = []
+        try:
+            with self._lock:
+                fd = self._lock_file()
+                try:
+                    tally = Tally(fd)
+                    if not tally.valid:
+                        self.recount_locked(tally)
+                    yield tally
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    doomed, self._doomed = self._doomed, []
+        finally:
+            for path in doomed:  # after the locks: nobody waits for the deletions
+                remove_tree(path)
+
+    def _lock_file(self) -> int:
+        """Lock the counter file that the path names now (it may have been removed or replaced)."""
+        while True:
+            if self._fd is None:
+                self._fd = self._open()
+                st = os.fstat(self._fd)
+                self._id = (st.st_dev, st.st_ino)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                yield fd
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                st = os.lstat(self.layout.space)
+                if (st.st_dev, st.st_ino) == self._id:
+                    return self._fd
+            except FileNotFoundError:
+                pass
+            # Deleted or replaced since we opened it: our lock guards nothing. Start over.
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
-    def account(self, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        with self.locked(shard) as fd:
-            self.account_locked(fd, shard, delta_bytes, delta_entries)
+    def _open(self) -> int:
+        try:
+            return os.open(self.layout.space, _OPEN, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        # A symlink: following it would write outside the cache. Refused, removed, recreated.
+        self.layout.refused()
+        os.unlink(self.layout.space)
+        return os.open(self.layout.space, _OPEN | os.O_EXCL, 0o600)
 
-    def account_locked(self, fd: int, shard: str, delta_bytes: int, delta_entries: int) -> None:
-        """Add to the counters of ``shard`` (whose lock the caller holds), cleaning it if full."""
-        size, count = read_counter(fd)
-        size, count = max(0, size + delta_bytes), max(0, count + delta_entries)
-        if self._over_cap(size, count):
-            size, count = self.clean(shard)
-        os.pwrite(fd, _COUNTER.pack(size, count), 0)
+    # Changes -------------------------------------------------------------
+    def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
+        """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
+        path = self.layout.entry_path(key, shard)
+        with self.locked() as tally:
+            try:
+                st = os.lstat(path)
+                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+            except FileNotFoundError:
+                old, new = 0, 1
+            # Growth is counted before the rename and shrinkage after it: a crash
+            # in between leaves the counter high, never low.
+            grows = max(size - old, 0)
+            tally.add(grows, new)
+            try:
+                # Atomic within one file system: readers see the old entry or the new.
+                os.replace(tmp, path)
+            except BaseException:
+                tally.add(-grows, -new)
+                raise
+            if size < old:
+                tally.add(size - old, 0)
+            self.clean(tally)
 
-    def _over_cap(self, size: int, count: int, fraction: float = 1.0) -> bool:
-        max_bytes, max_entries = self._store.max_bytes, self._store.max_entries
-        return (max_bytes is not None and size > max_bytes / SHARDS * fraction) or (
-            max_entries is not None and count > max_entries / SHARDS * fraction
+    def remove(self, key: str, expect_ino: int | None = None) -> bool:
+        """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``."""
+        with self.locked() as tally:
+            return self.remove_locked(tally, key, shard_of(key), expect_ino)
+
+    def remove_locked(self, tally: Tally, key: str, shard: str, expect_ino: int | None) -> bool:
+        """Remove an entry under the lock; the rename into staging makes the inode check
+        look at the very file taken, so a newer entry is linked back and survives."""
+        # Renames never follow a link at the name itself; these make sure no link
+        # stands at a directory above it either (replaced once per process).
+        self.layout.shard_dir(self.layout.entries, shard, create=True)
+        self.layout.shard_dir(self.layout.extracted, shard, create=True)
+        path = self.layout.entry_path(key, shard)
+        trash = self.layout.trash()
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return False
+        self._doomed.append(trash)
+        st = os.lstat(trash)
+        if not stat.S_ISREG(st.st_mode):
+            self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
+            return False
+        if expect_ino is not None and st.st_ino != expect_ino:
+            with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
+                os.link(trash, path)
+            return False
+        freed = st.st_size + self._take(self.layout.key_folder(key, shard))
+        tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
+        return True
+
+    def _take(self, folder: str) -> int:
+        """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
+        trash = self.layout.trash()
+        try:
+            os.rename(folder, trash)
+        except FileNotFoundError:
+            return 0
+        self._doomed.append(trash)
+        if not stat.S_ISDIR(os.lstat(trash).st_mode):
+            self.layout.refused()
+            return 0
+        return tree_size(trash)
+
+    def drop_folder(self, folder: str, expect_ino: int | None = None) -> None:
+        """Remove an extraction folder found damaged (if it is still inode ``expect_ino``)
+        and count the bytes freed."""
+        with self.locked() as tally:
+            if expect_ino is not None:
+                try:
+                    if os.lstat(folder).st_ino != expect_ino:
+                        return  # replaced since it was examined: not the damaged one
+                except FileNotFoundError:
+                    return
+            tally.add(-self._take(folder), 0)
+
+    def add_extraction(self, key: str, staged: str, tag: str, size: int) -> bool:
+        """Move the folder ``staged`` into place as version ``tag`` of ``key``'s copies.
+
+        Under the lock, so an eviction cannot take the entry meanwhile: the
+        entry is marked used first (it is the newest, so the cleaning that
+        the added bytes may start removes others), older versions of its
+        copies go, and the bytes are counted. ``False`` (nothing placed) if
+        the tier no longer holds the entry or another process placed it first.
+        """
+        shard = shard_of(key)
+        entry = self.layout.entry_path(key, shard)
+        with self.locked() as tally:
+            try:
+                if not stat.S_ISREG(os.lstat(entry).st_mode):
+                    return False
+            except FileNotFoundError:
+                return False
+            os.utime(entry, follow_symlinks=False)
+            self.layout.shard_dir(self.layout.extracted, shard, create=True)
+            folder = self.layout.key_folder(key, shard)
+            self.layout.sub_folder(folder, create=True)
+            freed = sum(self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag)
+            tally.add(size - freed, 0)
+            try:
+                os.rename(staged, f"{folder}/{tag}")
+            except OSError as exc:
+                tally.add(-size, 0)
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    return False  # benign: another process extracted the same version first
+                raise
+            self.clean(tally)
+        return True
+
+    # Eviction ------------------------------------------------------------
+    def over(self, tally: Tally) -> bool:
+        """Whether the tier is over one of its caps."""
+        max_bytes, max_entries = self._caps()
+        return (max_bytes is not None and tally.bytes > max_bytes) or (
+            max_entries is not None and tally.entries > max_entries
         )
 
-    def clean(self, shard: str) -> tuple[int, int]:
-        """Recount a shard from the files and evict its least recently used entries.
+    def _above_target(self, tally: Tally) -> bool:
+        max_bytes, max_entries = self._caps()
+        return (max_bytes is not None and tally.bytes > max_bytes * LOW_WATER) or (
+            max_entries is not None and tally.entries > max_entries - max_entries // 100
+        )
 
-        Called with the shard's lock held, so one process cleans a shard at a
-        time; the recount also repairs counters left stale by crashed writers.
+    def clean(self, tally: Tally) -> None:
+        """If the tier is over a cap, evict its least recently used entries to ``LOW_WATER``.
+
+        Failures are counted, not raised: the put or extraction that started
+        the cleaning has succeeded, and the next change cleans again.
         """
-        store = self._store
-        extractor = store._extractor
-        folders = extractor.folders(shard)
-        extracted = {key: sum(map(tree_size, paths)) for key, paths in folders.items()}
-        entries = []
-        with os.scandir(f"{store._entries}/{shard}") as it:
-            for item in it:
-                key = entry_key(item, shard)
-                if key is None:
-                    continue  # foreign file: neither counted nor touched
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                entries.append((st.st_mtime, key, st.st_ino, st.st_size + extracted.get(key, 0)))
-        live = {e[1] for e in entries}
-        for key in extracted.keys() - live:  # left by a process killed mid-removal
-            for folder in folders[key]:
-                extractor.rmtree(folder)
-        size = sum(e[3] for e in entries)
-        count = len(entries)
-        entries.sort()
-        for _mtime, key, ino, entry_size in entries:
-            if not self._over_cap(size, count, LOW_WATER):
-                break
-            # The caller holds the shard lock and writes the recounted totals.
-            if store._unlink_guarded(store._entry_path(key, shard), ino) is not None:
-                # Not Extractor.remove: a scan of the shard's folders per evicted
-                # entry made cleaning quadratic when entries had been extracted.
-                # A folder extracted since the scan above is an orphan that the
-                # next cleaning removes (as for a process killed mid-removal).
-                for folder in folders.get(key, ()):
-                    extractor.rmtree(folder)
-                size -= entry_size
-                count -= 1
-                store._count("evictions")
-        return size, count
+        if not self.over(tally):
+            return
+        try:
+            self._evict(tally)
+        except OSError:
+            self._count("errors", 1)
 
-    def usage(self) -> tuple[int, int]:
-        """``(entries, bytes)`` from the counters, without taking the locks."""
-        total_bytes = total_entries = 0
-        for shard in _SHARD_NAMES:
+    def _evict(self, tally: Tally) -> None:
+        # A second pass only when the first ran out of candidates while still over:
+        # the counter was high (a crash between counting and changing; the recount
+        # fixes it), or entries were used while the pass ran (newer now, so last).
+        for _pass in range(2):
+            candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
             try:
-                with open(f"{self._folder}/{shard}", "rb") as f:
-                    size, count = read_counter(f.fileno())
-            except FileNotFoundError:
-                continue
-            total_bytes += size
-            total_entries += count
-        return total_entries, total_bytes
+                while self._above_target(tally):
+                    candidate = next(candidates, None)
+                    if candidate is None:
+                        break
+                    self._evict_one(tally, candidate)
+                else:
+                    return
+            finally:
+                candidates.close()
+            self.recount_locked(tally)
+
+    def _evict_one(self, tally: Tally, candidate: Candidate) -> None:
+        if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
+            return  # a damaged queue record: it must never name a path outside the shard
+        path = self.layout.entry_path(candidate.key, candidate.shard)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # removed meanwhile
+        if st.st_ino != candidate.ino or st.st_mtime_ns != candidate.mtime_ns:
+            return  # used or replaced since the scan: newer than its record says
+        if self.remove_locked(tally, candidate.key, candidate.shard, candidate.ino):
+            self._count("evictions", 1)
+
+    def _rescan(self, tally: Tally, shard: str) -> list[Record]:
+        """A shard's entries for its queue; extraction folders of gone entries are removed."""
+        found, orphans = scan_shard(self.layout, shard)
+        for folder in orphans:
+            tally.add(-self._take(folder), 0)
+        return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
+
+    def recount_locked(self, tally: Tally) -> tuple[int, int]:
+        """Count the whole tier from its files (a full scan) and store the result."""
+        size = count = 0
+        for shard in shards():
+            found, orphans = scan_shard(self.layout, shard)
+            for folder in orphans:
+                self._take(folder)  # not counted below, so not subtracted either
+            size += sum(f.size for f in found)
+            count += len(found)
+        tally.set(size, count)
+        return count, size
+
+    def recount(self) -> tuple[int, int]:
+        """``(entries, bytes)`` counted from the files; the counter is set to them."""
+        with self.locked() as tally:
+            return self.recount_locked(tally)
+
+    def usage(self, writable: bool) -> tuple[int, int]:
+        """``(entries, bytes)`` from the counter; recounted if the counter is missing or damaged
+        (a read-only tier counts without storing the result)."""
+        try:
+            fd = os.open(self.layout.space, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:  # missing, or a link (refused): recounted below
+            parsed = None
+        else:
+            try:
+                parsed = parse_tally(os.pread(fd, _TALLY.size, 0))
+            finally:
+                os.close(fd)
+        if parsed is not None:
+            return parsed[1], parsed[0]
+        if writable:
+            return self.recount()
+        size = count = 0
+        for shard in shards():
+            found, _orphans = scan_shard(self.layout, shard)
+            size += sum(f.size for f in found)
+            count += len(found)
+        return count, size
 
     def close(self) -> None:
-        if self._counter_pid == os.getpid():
-            for fd in self._counter_fds.values():
-                os.close(fd)
-        self._counter_fds = {}
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None

@@ -1,36 +1,27 @@
 """Local-directory tier: one file per entry, published atomically, LRU under size caps.
 
-Layout under ``path``::
-
-    v1/entries/<s>/<key>.kce      packed entries (kernelcache.entry format), s = shard 0-f
-    v1/files/<s>/<key>.<tag>/     artifacts extracted for Entry.path(), one dir per entry version
-    v1/shards/<s>                 bytes and entry count of shard s, updated under flock
-    v1/staging/                   files being written and entries being removed
-    v1/locks/<s>/<key>.lock       single-flight compile locks (flock), removed on release
-
 Concurrency contract: readers see either no entry or a complete one (staging
 file, then one ``os.replace``), whatever happens to writers, including
 SIGKILL. Not power-loss durable unless ``durable=True`` (fsync before publish).
-Size caps are enforced per shard, as ccache does, so a put never scans the
-whole cache: a shard that grows past ``max_bytes / 16`` is cleaned by the
-writer that noticed, under the shard's lock, down to 90 % of its share.
 
-This module is the store itself (layout, get/put/delete, listing, locks);
-the shards' counters and eviction are in ``disk_space.py``, the extraction of
-artifacts for ``Entry.path()`` in ``disk_files.py``.
+The store is get/put/delete and listing; where files live and which
+directories are trusted is :mod:`.layout`, the tier's counter, removals and
+eviction :mod:`.space` (with the LRU order in :mod:`.lru`), and the files
+handed to loaders :mod:`.files`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import functools
 import os
+import stat
 import time
 
 from kernelcache._fs import unique, write_new
-from kernelcache.entry import header_size, parse_header
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
+    Counters,
     Damage,
     EntryInfo,
     FlightLock,
@@ -38,42 +29,30 @@ from kernelcache.stores.base import (
     check_caps,
     validate_key,
 )
+from kernelcache.stores.disk.entryfile import check_entry, info_of, read_entry
 from kernelcache.stores.disk.files import Extractor
-from kernelcache.stores.disk.space import (
-    LOW_WATER,
-    SHARDS,
+from kernelcache.stores.disk.layout import (
+    OPEN_READ,
     SUFFIX,
-    ShardSpace,
-    entry_key,
+    Layout,
+    UnsafeDirectory,
+    remove_tree,
+    scan_shard,
     shard_of,
+    shards,
+    tree_size,
 )
+from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
-
-__all__ = [
-    "LOW_WATER",
-    "SHARDS",
-    "STALE_STAGING_SECONDS",
-    "SUFFIX",
-    "TOUCH_INTERVAL",
-    "DiskStore",
-]
 
 #: Staging files older than this belong to a crashed writer and are swept.
 STALE_STAGING_SECONDS = 3600.0
 #: A hit refreshes the entry's mtime (its LRU clock) at most this often.
 TOUCH_INTERVAL = 60.0
-#: Entries up to this size are read in one call; of larger ones, the first
-#: _HEAD_READ bytes (the header, usually a few hundred bytes) come first and
-#: then each artifact straight into its own buffer: copying 8 KB of a big
-#: artifact twice costs more (~0.6 us at 64 KB) than it saves.
-_FIRST_READ = 8192
-_HEAD_READ = 2048
-_OPEN_READ = os.O_RDONLY | os.O_CLOEXEC
-
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterator
     from typing import TypeVar
 
     from kernelcache.entry import Entry
@@ -82,15 +61,31 @@ if TYPE_CHECKING:
     _T = TypeVar("_T")
 
 
+class DiskCounters(Counters):
+    """The disk tier also counts what it refused: symlinks and unsafe directories in its tree."""
+
+    names = (*Counters.names, "refused")
+    refused: int
+
+
 class DiskStore(Store):
     """A directory of verified entries shared safely by any number of processes.
 
-    Caps: ``max_bytes`` and ``max_entries`` hold within one entry per
-    concurrently writing process (the slack between publishing an entry and
-    accounting for it). An entry larger than ``max_bytes / 16`` cannot be kept.
+    Caps (``max_bytes``: entry files plus extracted copies; ``max_entries``)
+    hold for the whole tier: a change that goes over one evicts the least
+    recently used entries of the tier down to ``LOW_WATER`` of it before it
+    returns, so the tier exceeds a cap only by what is being written at that
+    moment (one entry per writing thread). An entry larger than
+    ``LOW_WATER * max_bytes`` is not stored (counted as an eviction).
+
+    A directory that is not the user's, or is writable by others, is
+    refused: the store then raises :class:`StoreError` on every use (a
+    Cache treats it as a failing tier) and ``unusable`` says why.
     """
 
     kind = "disk"
+    counters_class = DiskCounters
+    counters: DiskCounters
 
     def __init__(
         self,
@@ -104,21 +99,21 @@ class DiskStore(Store):
         super().__init__(read_only=read_only)
         check_caps(max_bytes, max_entries)
         self.path = os.path.abspath(os.fspath(path))
-        self.local_dir = self.path
         self.max_bytes = max_bytes
         self.max_entries = max_entries
         self.durable = durable
-        self._base = os.path.join(self.path, "v1")
-        self._entries = os.path.join(self._base, "entries")
-        self._files = os.path.join(self._base, "files")
-        self._staging = os.path.join(self._base, "staging")
-        self._shards = os.path.join(self._base, "shards")
-        self.locks_dir = os.path.join(self._base, "locks")
-        self._space = ShardSpace(self)
-        self._extractor = Extractor(self)
-        if not read_only:
-            self._guard(self._create_layout)
-            self._guard(self._sweep_staging)
+        self.layout = Layout(self.path, on_refused=self._refused)
+        self.space = Space(self.layout, self._count, lambda: (self.max_bytes, self.max_entries))
+        self.files = Extractor(
+            self.layout,
+            None if read_only else self.space,
+            durable=durable,
+            on_error=lambda: self._count("errors"),
+        )
+        self.unusable = None
+        self._entries = self.layout.entries
+        self._checked: set[str] = set()
+        self._open()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DiskStore:
@@ -132,64 +127,69 @@ class DiskStore(Store):
     def __repr__(self) -> str:
         return f"DiskStore({self.path!r})"
 
+    @property
+    def locks_dir(self) -> str:
+        return self.layout.locks
+
     # Setup -------------------------------------------------------------
-    def _create_layout(self) -> None:
-        if os.path.isdir(self._shards):
-            # Created last, so the layout is complete: skip ~35 makedirs calls
-            # (~1.5 ms) on every open; the launcher opens the store per call.
+    def _open(self) -> None:
+        """Check (and make) the directory. Only an unsafe directory disables the tier: one
+        that cannot be written (read-only media, a full disk) still serves reads."""
+        writable = not self.read_only
+        try:
+            if self.layout.check_root(create=writable):
+                self.layout.ensure(create=writable)
+        except UnsafeDirectory as exc:
+            self.unusable = str(exc)
+            import logging  # deferred: only a refused directory needs it
+
+            logging.getLogger("kernelcache").warning("kernelcache: %s; the disk tier is off", exc)
             return
-        if not os.path.isdir(self.path):
-            # Private to the user: a shared cache directory lets others plant binaries.
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-            tag = os.path.join(self.path, "CACHEDIR.TAG")
-            with open(tag, "w") as f:
-                f.write("Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n")
-        # Each level explicitly: makedirs gives intermediate directories the
-        # default mode (0755), not ``mode``.
-        for folder in (self._base, self._entries, self._files):
-            os.makedirs(folder, mode=0o700, exist_ok=True)
-        for top in (self._entries, self._files):
-            for i in range(SHARDS):
-                os.makedirs(os.path.join(top, f"{i:x}"), mode=0o700, exist_ok=True)
-        os.makedirs(self._staging, mode=0o700, exist_ok=True)
-        os.makedirs(self._shards, mode=0o700, exist_ok=True)
+        except OSError:
+            self._count("errors")
+            return
+        if writable:
+            # Statistics shared by the processes using this tier live here; a
+            # read-only tier writes nothing into the directory, statistics included.
+            self.local_dir = self.path
+            self._sweep_staging()
 
     def _sweep_staging(self) -> None:
-        """Remove what crashed writers left in staging (older than an hour)."""
-        cutoff = time.time() - STALE_STAGING_SECONDS
-        with os.scandir(self._staging) as it:
-            for item in it:
-                try:
-                    if item.stat(follow_symlinks=False).st_mtime >= cutoff:
-                        continue
-                    if item.is_dir(follow_symlinks=False):
-                        import shutil  # deferred: off the launcher's hit path
+        errors = self.layout.sweep_staging(STALE_STAGING_SECONDS)
+        if errors:
+            self._count("errors", errors)
 
-                        shutil.rmtree(item.path)
-                    else:
-                        os.unlink(item.path)
-                except FileNotFoundError:
-                    continue  # another process swept it first
+    def _refused(self) -> None:
+        self._count("refused")
 
-    def _guard(self, fn: Callable[[], _T]) -> _T:
-        """Run ``fn``, turning OS errors into a counted StoreError."""
+    def _usable(self) -> None:
+        if self.unusable is not None:
+            self._count("errors")
+            raise StoreError(self.unusable)
+
+    def _check_shard(self, shard: str, create: bool) -> None:
+        """Check a shard directory once per process (a symlink there would be followed);
+        only a put makes a missing one."""
         try:
-            return fn()
+            self.layout.shard_dir(self._entries, shard, create=create)
         except OSError as exc:
             self._count("errors")
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
-
-    def _entry_path(self, key: str, shard: str) -> str:
-        return f"{self._entries}/{shard}/{key}{SUFFIX}"
+        if os.path.isdir(f"{self._entries}/{shard}"):  # a missing one is checked when made
+            self._checked.add(shard)
 
     def flight_lock(self, key: str) -> FlightLock | None:
         """An ``flock`` file per key: spans this machine's processes, freed if the holder dies."""
-        if self.read_only:
+        if self.read_only or self.unusable is not None:
             return None  # this process cannot publish here, so it cannot end anyone's wait
         validate_key(key)
-        return FileFlightLock(
-            f"{self.locks_dir}/{shard_of(key)}/{key}.lock", on_error=lambda: self._count("errors")
-        )
+        shard = shard_of(key)
+        try:
+            folder = self.layout.shard_dir(self.layout.locks, shard, create=True)
+        except OSError:
+            self._count("errors")
+            return None
+        return FileFlightLock(f"{folder}/{key}.lock", on_error=lambda: self._count("errors"))
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
@@ -197,25 +197,28 @@ class DiskStore(Store):
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
         shard = shard_of(key)
-        path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # _entry_path, inlined: the hit path
+        if shard not in self._checked:
+            self._usable()
+            self._check_shard(shard, create=False)
+        path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # layout.entry_path, inlined: the hit path
         try:
-            fd = os.open(path, _OPEN_READ)
+            fd = os.open(path, OPEN_READ)
         except FileNotFoundError:
             self.counters.misses += 1
             return None
         except OSError as exc:
-            self._count("errors")
-            raise StoreError(f"disk tier {self.path}: {exc}") from exc
+            self._unreadable(exc)
+            return None
         try:
             st = os.fstat(fd)
-            entry = self._read(fd, st.st_size, key)
+            entry = read_entry(fd, st, key, self.files)
             if not self.read_only and time.time() - st.st_mtime > TOUCH_INTERVAL:
                 os.utime(fd)  # the LRU clock; rate-limited so hits stay read-only I/O
         except CorruptEntry:
             self._count("corrupt")
             self.counters.misses += 1
             if not self.read_only:
-                self._guard(lambda: self._remove(path, key, shard, expect_ino=st.st_ino))
+                self._guard(lambda: self.space.remove(key, expect_ino=st.st_ino))
             return None
         except OSError as exc:
             self._count("errors")
@@ -226,173 +229,51 @@ class DiskStore(Store):
         self.counters.bytes_read += st.st_size
         return entry
 
-    def _read(self, fd: int, size: int, key: str) -> Entry:
-        head = os.pread(fd, size if size <= _FIRST_READ else _HEAD_READ, 0)
-        if len(head) < size:  # only part of the file was read: the header may reach further
-            need = header_size(head)
-            if len(head) < need <= size:
-                head = os.pread(fd, need, 0)
-        header = parse_header(head)
-        if header.total_size != size:
-            raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
-        # Artifacts inside the first read are sliced from it; larger ones are
-        # read straight into their own bytes object (no second copy).
-        return header.build(
-            lambda offset, length: os.pread(fd, length, offset), key, head, self._extractor
-        )
+    def _unreadable(self, exc: OSError) -> None:
+        """Count a miss for a link where an entry belongs (never followed); raise otherwise."""
+        if exc.errno == errno.ELOOP:
+            self._count("refused")
+            self.counters.misses += 1
+            return
+        self._count("errors")
+        raise StoreError(f"disk tier {self.path}: {exc}") from exc
 
     # Writes ------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:
         validate_key(key)
         self._check_writable()
-        shard = shard_of(key)
-        path = self._entry_path(key, shard)
+        self._usable()
         parts = entry.pack_parts(key)
         size = sum(map(len, parts))
-        tmp = f"{self._staging}/{key[:64]}.{unique()}.tmp"
+        if self.max_bytes is not None and size > self.max_bytes * LOW_WATER:
+            # It could only stay by evicting everything else, and not even then.
+            self._count("evictions")
+            return entry.bind(key)
+        shard = shard_of(key)
+        if shard not in self._checked:
+            self._check_shard(shard, create=True)
+        tmp = f"{self.layout.staging}/{key[:64]}.{unique()}.tmp"
         try:
             write_new(tmp, parts, durable=self.durable)
-            # Publish and account under the shard lock: the size replaced must be
-            # the one removed, or concurrent puts and deletes of a key make the
-            # counters drift (and an undercount lets the shard outgrow its cap).
-            with self._space.locked(shard) as fd:
-                try:
-                    old: int | None = os.stat(path).st_size
-                except FileNotFoundError:
-                    old = None
-                # A rename within one filesystem is atomic: readers see the old entry or the new.
-                os.replace(tmp, path)
-                self._count("puts")
-                self._count("bytes_written", size)
-                self._space.account_locked(
-                    fd, shard, size - (old or 0), 0 if old is not None else 1
-                )
+            self.space.publish(tmp, key, shard, size)
         except OSError as exc:
             self._count("errors")
-            # The file may not exist yet (open failed) or any more (renamed).
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            remove_tree(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        self._count("puts")
+        self._count("bytes_written", size)
         # path() of what the caller keeps (often a memory tier too) gives files
         # inside this tier, capped and shared, not copies in a temp directory.
-        return entry.bind(key, self._extractor)
+        return entry.bind(key, self.files)
 
     def delete(self, key: str) -> bool:
         validate_key(key)
         self._check_writable()
-        shard = shard_of(key)
-        removed = self._guard(lambda: self._remove(self._entry_path(key, shard), key, shard))
+        self._usable()
+        removed = self._guard(lambda: self.space.remove(key))
         if removed:
             self._count("deletes")
         return removed
-
-    def _remove(
-        self,
-        path: str,
-        key: str,
-        shard: str,
-        expect_ino: int | None = None,
-        folders: Sequence[str] | None = None,
-    ) -> bool:
-        """Remove an entry and its extracted files, and account for the space freed.
-
-        ``folders``: the entry's extracted folders, when the caller listed them
-        already (clear() lists each shard once instead of once per entry).
-        """
-        with self._space.locked(shard) as fd:
-            st = self._unlink_guarded(path, expect_ino)
-            if st is None:
-                return False
-            if folders is None:
-                freed = st.st_size + self._extractor.remove(key, shard)
-            else:
-                freed = st.st_size + sum(self._extractor.rmtree(folder) for folder in folders)
-            self._space.account_locked(fd, shard, -freed, -1)
-        return True
-
-    def _unlink_guarded(self, path: str, expect_ino: int | None) -> os.stat_result | None:
-        """Unlink an entry file unless it is no longer the inode the caller decided on.
-
-        The file is first renamed into staging (atomic), so the inode check
-        looks at the very file that was taken. If another process re-published
-        the key after the caller decided, that new file is linked back and
-        survives; EEXIST there means an even newer entry is in place already.
-        """
-        trash = f"{self._staging}/trash.{unique()}"
-        try:
-            os.rename(path, trash)
-        except FileNotFoundError:
-            return None
-        st = os.lstat(trash)
-        if expect_ino is not None and st.st_ino != expect_ino:
-            # EEXIST: a newer entry was published meanwhile; it stays.
-            with contextlib.suppress(FileExistsError):
-                os.link(trash, path)
-            os.unlink(trash)
-            return None
-        os.unlink(trash)
-        return st
-
-    # Listing -----------------------------------------------------------
-    def keys(self) -> Iterator[str]:
-        for info in self.scan():
-            yield info.key
-
-    def scan(self) -> Iterator[EntryInfo]:
-        for i in range(SHARDS):
-            yield from self._scan_shard(f"{i:x}")
-
-    def _scan_shard(self, shard: str) -> Iterator[EntryInfo]:
-        try:
-            with os.scandir(f"{self._entries}/{shard}") as it:
-                items = list(it)
-        except FileNotFoundError:
-            return
-        for item in items:
-            key = entry_key(item, shard)
-            if key is None:
-                continue  # foreign files are neither listed nor touched
-            try:
-                st = item.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            yield EntryInfo(
-                key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino, "path": item.path}
-            )
-
-    def info(self, key: str) -> EntryInfo | None:
-        """Size and times of one entry from its file's metadata, or ``None``."""
-        validate_key(key)
-        path = self._entry_path(key, shard_of(key))
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        return EntryInfo(
-            key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino, "path": path}
-        )
-
-    def check(self, info: EntryInfo) -> Damage | None:
-        """Verify the entry file itself (without removing it); see :meth:`Store.check`."""
-        path = self._entry_path(info.key, shard_of(info.key))
-        try:
-            fd = os.open(path, _OPEN_READ | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return None  # removed meanwhile: nothing to check
-        except OSError as exc:
-            return Damage(info, f"cannot be read: {exc}")
-        try:
-            st = os.fstat(fd)
-            # Removal takes only the very file that was checked, not one published since.
-            checked = EntryInfo(info.key, st.st_size, st.st_mtime, st.st_ctime, {"ino": st.st_ino})
-            self._read(fd, st.st_size, info.key)
-        except CorruptEntry as exc:
-            return Damage(checked, str(exc))
-        except OSError as exc:
-            return Damage(checked, f"cannot be read: {exc}")
-        finally:
-            os.close(fd)
-        return None
 
     def remove_if_unchanged(self, info: EntryInfo) -> bool:
         """Remove the entry ``info`` (from :meth:`scan` or :meth:`info`) describes.
@@ -401,40 +282,84 @@ class DiskStore(Store):
         was taken, the newer entry survives and ``False`` is returned.
         """
         self._check_writable()
-        shard = shard_of(info.key)
-        path = self._entry_path(info.key, shard)
+        self._usable()
         ino = info.extra.get("ino")
-        removed = self._guard(lambda: self._remove(path, info.key, shard, expect_ino=ino))
+        removed = self._guard(lambda: self.space.remove(info.key, expect_ino=ino))
         if removed:
             self._count("deletes")
         return removed
 
-    def usage(self) -> tuple[int, int]:
-        """From the shard counters: cheap, exact when no writer crashed mid-put."""
-        return self._space.usage()
+    def _guard(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn``, turning OS errors into a counted StoreError."""
+        try:
+            return fn()
+        except OSError as exc:
+            self._count("errors")
+            raise StoreError(f"disk tier {self.path}: {exc}") from exc
 
-    def clear(self) -> int:
+    # Listing -----------------------------------------------------------
+    def keys(self) -> Iterator[str]:
+        for info in self.scan():
+            yield info.key
+
+    def scan(self) -> Iterator[EntryInfo]:
+        """Every entry; ``size`` counts its file and its extracted copies (as the cap does),
+        ``extra`` has the file's ``path`` and ``ino`` and the copies' bytes (``extracted``)."""
+        self._usable()
+        for shard in shards():
+            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
+            for f in found:
+                yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
+
+    def info(self, key: str) -> EntryInfo | None:
+        """Size and times of one entry from its file's metadata, or ``None``."""
+        validate_key(key)
+        self._usable()
+        path = self.layout.entry_path(key)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return info_of(key, st, path, tree_size(self.layout.key_folder(key)))
+
+    def usage(self) -> tuple[int, int]:
+        """``(entries, bytes)`` of the whole tier from its counter (cheap; exact unless a
+        process was killed mid-change, which leaves it high)."""
+        self._usable()
+        return self._guard(lambda: self.space.usage(writable=not self.read_only))
+
+    def recount(self) -> tuple[int, int]:
+        """``(entries, bytes)`` counted from the files (a full scan); the counter is set to them."""
         self._check_writable()
-        removed = 0
-        for i in range(SHARDS):
-            shard = f"{i:x}"
-            # Listed once per shard: a listing per entry made clear() quadratic
-            # once entries had been extracted (16 s for 16k entries, 1 ms each).
-            # A folder extracted meanwhile is an orphan the next cleaning sweeps.
-            folders = self._guard(functools.partial(self._extractor.folders, shard))
-            for info in list(self._scan_shard(shard)):
-                path = self._entry_path(info.key, shard)
-                own = folders.get(info.key, [])
-                if self._guard(functools.partial(self._remove, path, info.key, shard, None, own)):
-                    removed += 1
-        return removed
+        self._usable()
+        return self._guard(self.space.recount)
+
+    def check(self, info: EntryInfo) -> Damage | None:
+        """Verify the entry file and its extracted copies (removing nothing)."""
+        self._usable()
+        return self._guard(lambda: check_entry(self.layout, self.files, info))
 
     def sweep(self) -> None:
         """Remove stale lock files and staging left by crashed or killed processes."""
         self._check_writable()
+        self._usable()
         sweep_locks(self.locks_dir)
-        self._guard(self._sweep_staging)
+        self._sweep_staging()
+
+    def clear(self) -> int:
+        self._check_writable()
+        self._usable()
+        removed = 0
+        for shard in shards():
+            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
+            for f in found:
+                if self._guard(functools.partial(self.space.remove, f.key, f.st.st_ino)):
+                    removed += 1
+        self._guard(self.space.recount)  # and extraction folders of no entry go too
+        return removed
 
     def close(self) -> None:
-        self._space.close()
+        self.space.close()
         super().close()

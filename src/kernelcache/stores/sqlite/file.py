@@ -15,7 +15,6 @@ through ``fork`` is left alone.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import sqlite3
@@ -25,6 +24,7 @@ from typing import TypeVar
 
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import Store
+from kernelcache.stores.lockfile import close_lock_fd, lock_within, open_lock_fd
 
 APPLICATION_ID = 0x4B435351  # "KCSQ": tells our database from any other SQLite file
 SCHEMA_VERSION = 1
@@ -98,7 +98,7 @@ class SQLiteFile(Store):
             return self._open_read_only()
         parent = os.path.dirname(self.path)
         os.makedirs(parent, mode=0o700, exist_ok=True)
-        with _file_lock(self.path + ".lock"):
+        with _file_lock(self.path + ".lock", self.timeout):
             try:
                 conn = self._connect_checked()
             except _BadFile as exc:
@@ -171,7 +171,7 @@ class SQLiteFile(Store):
         """After corruption showed mid-operation: move the file aside unless another
         process already did, and reopen."""
         self._drop_connection()
-        with _file_lock(self.path + ".lock"):
+        with _file_lock(self.path + ".lock", self.timeout):
             if _file_id(self.path) == self._file_id:
                 self._move_aside("corrupt")
             else:
@@ -266,11 +266,17 @@ def _file_id(path: str) -> tuple[int, int] | None:
 
 
 @contextlib.contextmanager
-def _file_lock(path: str) -> Iterator[None]:
-    """An exclusive flock on ``path``, released by the OS if this process dies."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _file_lock(path: str, timeout: float) -> Iterator[None]:
+    """An exclusive flock on ``path``, released by the OS if this process dies.
+
+    Waits at most ``timeout`` seconds (the store's, as for the database's own
+    lock), then raises ``TimeoutError``: a process that holds the lock and
+    hangs must not hang every other one.
+    """
+    fd = open_lock_fd(path)  # never through a symlink
+    if not lock_within(fd, timeout):
+        raise TimeoutError(f"{path} is held by another process for over {timeout} s")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        close_lock_fd(fd)

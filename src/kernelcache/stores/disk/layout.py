@@ -1,0 +1,360 @@
+"""Where the disk tier keeps what, and the checks that keep others out of it.
+
+Layout under the cache directory ``root``::
+
+    v1/entries/<s>/<key>.kce          packed entries (kernelcache.entry format), s = shard 0-f
+    v1/extracted/<s>/<key>/<tag>/     artifacts extracted for Entry.path(), tag = content digest
+    v1/space                          bytes and entries of the whole tier (see space.py)
+    v1/lru/<s>                        least-recently-used queue of shard s (see lru.py)
+    v1/staging/                       files being written and entries being removed
+    v1/locks/<s>/<key>.lock           single-flight compile locks (flock), removed on release
+
+Nothing inside the tree is trusted to be what its name says: the directory
+itself must belong to the user (or root) and not be writable by group or
+others, as ssh demands of ``~/.ssh``; every directory the tier uses is checked
+with ``lstat`` (a symlink is refused) before its first use in a process; files
+are opened with ``O_NOFOLLOW``.
+
+:class:`Layout` is the public collaborator that :mod:`~kernelcache.stores.disk.space`,
+:mod:`~kernelcache.stores.disk.files` and the store share; it imports no other
+module of the tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import time
+
+import xxhash
+
+from kernelcache._fs import unique
+from kernelcache.errors import StoreError
+from kernelcache.stores.base import is_valid_key
+
+# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+SHARDS = 16
+SUFFIX = ".kce"
+#: Length of an extraction folder's tag: hex digits of the entry's content digest.
+TAG_LENGTH = 16
+#: Open flags for reading a file of the tree: never through a symlink.
+OPEN_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
+_CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n"
+
+
+class UnsafeDirectory(StoreError):
+    """The cache directory (or a directory inside it) could be altered by someone else."""
+
+
+def shard_of(key: str) -> str:
+    """The shard (``"0"`` to ``"f"``) that ``key`` is filed under."""
+    return _SHARD_NAMES[xxhash.xxh32_intdigest(key.encode()) % SHARDS]
+
+
+def shards() -> tuple[str, ...]:
+    return _SHARD_NAMES
+
+
+def entry_key(name: str, st: os.stat_result, shard: str) -> str | None:
+    """The key of the entry file ``name`` (status ``st``) in shard directory ``shard``, or ``None``.
+
+    Anything else there is foreign and must be neither listed, counted nor
+    removed: other names, invalid keys, a key filed under the wrong shard, and
+    directories or links named like entries.
+    """
+    if not name.endswith(SUFFIX):
+        return None
+    key = name[: -len(SUFFIX)]
+    if not is_valid_key(key) or shard_of(key) != shard or not stat.S_ISREG(st.st_mode):
+        return None
+    return key
+
+
+def is_tag(text: str) -> bool:
+    """Whether ``text`` is a folder tag, ``[0-9a-f]{16}``, checked without importing ``re``."""
+    return len(text) == TAG_LENGTH and not text.strip("0123456789abcdef")
+
+
+def ownership_problem(st: os.stat_result) -> str | None:
+    """Why a directory with status ``st`` must not be trusted, or ``None``.
+
+    Owned by this user or root, not writable by group or others (ssh's rule):
+    anyone else who can write there can plant entries that a compile returns.
+    """
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def tree_size(folder: str) -> int:
+    """Bytes of the files below ``folder`` (links not followed); a file removed meanwhile counts 0."""
+    total = 0
+    for dirpath, _dirs, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
+
+
+def remove_tree(path: str) -> None:
+    """Delete ``path`` (a file, a link or a folder; links are removed, never followed)."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            import shutil  # deferred: off the launcher's hit path
+
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Layout:
+    """The paths of one cache directory, and its safety checks.
+
+    ``on_refused`` is called for each symlink or unsafe item refused (the
+    store counts them). Directories are checked once per process: a
+    process that saw a directory safe keeps using it by name.
+    """
+
+    def __init__(self, root: str, on_refused: Callable[[], None] | None = None) -> None:
+        self.root = root
+        self.base = f"{root}/v1"
+        self.entries = f"{self.base}/entries"
+        self.extracted = f"{self.base}/extracted"
+        self.staging = f"{self.base}/staging"
+        self.lru = f"{self.base}/lru"
+        self.locks = f"{self.base}/locks"
+        self.space = f"{self.base}/space"
+        self._on_refused = on_refused
+        self._checked: set[str] = set()
+        self._pid = os.getpid()
+
+    # Paths ---------------------------------------------------------------
+    def entry_path(self, key: str, shard: str | None = None) -> str:
+        return f"{self.entries}/{shard or shard_of(key)}/{key}{SUFFIX}"
+
+    def key_folder(self, key: str, shard: str | None = None) -> str:
+        """Where the extracted versions of ``key`` live (one ``<tag>`` folder each)."""
+        return f"{self.extracted}/{shard or shard_of(key)}/{key}"
+
+    def trash(self) -> str:
+        """A new name in staging for something about to be deleted."""
+        return f"{self.staging}/trash.{unique()}"
+
+    def refused(self) -> None:
+        if self._on_refused is not None:
+            self._on_refused()
+
+    def sweep_staging(self, older_than: float) -> int:
+        """Remove what crashed writers left in staging (older than ``older_than`` seconds);
+        returns how many items could not be removed (a read-only mount)."""
+        cutoff = time.time() - older_than
+        try:
+            with os.scandir(self.staging) as it:
+                items = list(it)
+        except OSError:
+            return 1
+        errors = 0
+        for item in items:
+            try:
+                if item.stat(follow_symlinks=False).st_mtime < cutoff:
+                    remove_tree(item.path)
+            except FileNotFoundError:
+                continue  # another process swept it first
+            except OSError:
+                errors += 1
+        return errors
+
+    # Checks --------------------------------------------------------------
+    def check_root(self, create: bool) -> bool:
+        """Raise :class:`UnsafeDirectory` unless the cache directory is safe to use.
+
+        Creates it (0700) when ``create``; ``False`` when it does not exist.
+        The path may be a symlink the user chose: its target is checked.
+        """
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            if not create:
+                return False
+            # Private to the user: a shared cache directory lets others plant binaries.
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            st = os.stat(self.root)
+            try:
+                fd = os.open(
+                    f"{self.root}/CACHEDIR.TAG",
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(_CACHEDIR_TAG)
+        problem = ownership_problem(st)
+        if problem is not None:
+            self.refused()
+            fix = "" if not stat.S_ISDIR(st.st_mode) else "`chmod go-w` it (as its owner) or "
+            raise UnsafeDirectory(
+                f"refusing cache directory {self.root}: {problem}; {fix}use another KERNELCACHE_DIR"
+            )
+        return True
+
+    def ensure(self, create: bool) -> None:
+        """Check (and with ``create``, make) the top directories of ``v1``.
+
+        A writable tier also removes what 0.1, before whole-tier
+        accounting left: ``v1/files`` (extracted copies, now ``v1/extracted``)
+        and ``v1/shards`` (per-shard counters, now ``v1/space``).
+        """
+        for folder in (self.base, self.entries, self.extracted, self.staging, self.lru, self.locks):
+            self.directory(folder, create)
+        if create:
+            for old in (f"{self.base}/files", f"{self.base}/shards"):
+                if os.path.lexists(old):
+                    trash = self.trash()
+                    with contextlib.suppress(FileNotFoundError):  # another process took it
+                        os.rename(old, trash)
+                        remove_tree(trash)
+
+    def shard_dir(self, top: str, shard: str, create: bool) -> str:
+        """``<top>/<shard>``, checked (made when ``create``) on its first use in this process."""
+        path = f"{top}/{shard}"
+        if path not in self._checked or self._pid != os.getpid():
+            self.directory(path, create)
+        return path
+
+    def directory(self, path: str, create: bool) -> bool:
+        """Whether ``path`` is a safe directory (``False``: missing and not created).
+
+        A symlink or a file where a directory belongs is refused and counted;
+        a writable tier removes it (it is inside the tier's own tree, so it
+        is junk) and makes the directory. A directory owned by someone else,
+        or writable by others, raises :class:`UnsafeDirectory`.
+        """
+        if self._pid != os.getpid():
+            self._checked, self._pid = set(), os.getpid()
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not create:
+                return False
+            with contextlib.suppress(FileExistsError):  # made by another process: checked below
+                os.mkdir(path, 0o700)
+            st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            self.refused()
+            if not create:
+                raise UnsafeDirectory(f"{path} is not a directory (a link or a file)")
+            remove_tree(path)
+            os.mkdir(path, 0o700)
+            st = os.lstat(path)
+        problem = ownership_problem(st)
+        if problem is not None:
+            self.refused()
+            raise UnsafeDirectory(f"refusing {path}: {problem}")
+        self._checked.add(path)
+        return True
+
+    def sub_folder(self, path: str, create: bool) -> bool:
+        """Like :meth:`directory` for a folder below a shard (a key's or a tag's): not remembered."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not create:
+                return False
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and ownership_problem(st) is None:
+            return True
+        self.refused()
+        if not create:
+            return False
+        remove_tree(path)
+        os.mkdir(path, 0o700)
+        return True
+
+
+def is_dir_error(exc: OSError) -> bool:
+    """Whether ``exc`` says a path component is not a usable directory (a file, a link)."""
+    return exc.errno in (errno.ENOTDIR, errno.ELOOP)
+
+
+class Found:
+    """One entry file of a shard as a scan saw it, with its extracted bytes."""
+
+    __slots__ = ("extracted", "key", "st")
+
+    def __init__(self, key: str, st: os.stat_result, extracted: int = 0) -> None:
+        self.key = key
+        self.st = st
+        self.extracted = extracted
+
+    @property
+    def size(self) -> int:
+        """What the entry costs the tier: its file plus its extracted copies."""
+        return self.st.st_size + self.extracted
+
+
+def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
+    """``(name, lstat)`` of the items of directory ``path``, never through a link (a link
+    there is refused and lists as empty: scanning it would count, and evict, what lies
+    elsewhere). Items removed meanwhile are left out."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        layout.refused()
+        return []
+    listed = []
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(FileNotFoundError):
+                listed.append((name, os.stat(name, dir_fd=fd, follow_symlinks=False)))
+    finally:
+        os.close(fd)
+    return listed
+
+
+def scan_shard(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
+    """The entries of ``shard`` and the extraction folders of keys it no longer holds.
+
+    Foreign items (other names, keys of another shard, links) are neither
+    listed nor counted. Orphan folders are left by a process killed between
+    removing an entry and its folder, or by a version that lost a race.
+    """
+    found: dict[str, Found] = {}
+    for name, st in list_dir(layout, f"{layout.entries}/{shard}"):
+        key = entry_key(name, st, shard)
+        if key is not None:
+            found[key] = Found(key, st)
+    orphans = []
+    top = f"{layout.extracted}/{shard}"
+    items = list_dir(layout, top)
+    folders = [(name, f"{top}/{name}") for name, st in items if stat.S_ISDIR(st.st_mode)]
+    for key, path in folders:
+        if not is_valid_key(key) or shard_of(key) != shard:
+            continue  # foreign
+        if key in found:
+            found[key].extracted = tree_size(path)
+        else:
+            orphans.append(path)
+    return list(found.values()), orphans
