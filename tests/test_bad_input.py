@@ -145,6 +145,30 @@ def test_sqlite_lock_file_wait_honours_the_timeout(tmp_path: Path) -> None:
         holder.join(30)
 
 
+def test_a_locked_sqlite_tier_never_fails_cache_construction(tmp_path: Path) -> None:
+    """KERNELCACHE_LOCAL=sqlite with its lock file held: Cache() works, the tier is a
+    counted miss while locked, and serves again once the lock is gone."""
+    settings = Settings.load(dir=str(tmp_path), local="sqlite")
+    lock = tmp_path / "cache.sqlite.lock"
+    ctx = multiprocessing.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(str(lock), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("kernelcache.stores.sqlite.file.DEFAULT_TIMEOUT", 0.2)
+            cache = Cache(settings=settings)
+            sqlite = cache.tiers[1]
+            assert cache.get(KEY) is None and sqlite.counters.errors >= 1
+    finally:
+        release.set()
+        holder.join(30)
+    cache.put(KEY, Entry({"a": b"1"}))
+    assert sqlite.get(KEY) is not None
+    cache.close()
+
+
 def test_a_memory_hit_hands_out_its_own_meta(tmp_path: Path) -> None:
     cache = Cache([MemoryStore()], persist_stats=False)
     cache.put(KEY, Entry({"a": b"1"}, meta={"name": "add", "opts": [1]}))

@@ -65,10 +65,13 @@ def local_tier(settings: Settings) -> Store:
     if settings.local == "sqlite":
         from kernelcache.stores.sqlite import SQLiteStore  # sqlite3 only for its users
 
+        # Opened on first use: a database locked past its timeout or unreadable
+        # now costs a counted miss per use, never Cache() itself.
         return SQLiteStore(
             os.path.join(settings.dir, SQLITE_FILE),
             max_bytes=settings.max_size,
             read_only=settings.readonly,
+            open_now=False,
         )
     return DiskStore.from_settings(settings)
 

@@ -310,4 +310,4 @@ def script_main() -> int:
     Exits at once: everything was written with ``posix.write`` (nothing is
     buffered), and the interpreter's clean-up would cost ~1 ms per hit.
     """
-    posix._exit(serve(sys.argv[1:], _script_local, _script_plain))  # noqa: SLF001  (os._exit: no clean-up)
+    posix._exit(serve(sys.argv[1:], _script_local, _script_plain))

@@ -53,7 +53,8 @@ class SQLiteFile(Store):
     """A store kept in one SQLite file: the connection and what keeps it usable.
 
     One connection per object, serialised by a lock and opened on first use
-    (a writable store creates or recovers the file at once). A corrupt or
+    (a writable store creates or recovers the file at once unless ``open_now``
+    is false; a failure to open is then a counted error on first use). A corrupt or
     foreign file is moved aside to ``<path>.corrupt-<n>`` (with its
     ``-wal``/``-shm``), counted in ``counters.corrupt``, and a fresh one
     started; a read-only store reports it as an error and leaves it. Subclasses
@@ -65,12 +66,13 @@ class SQLiteFile(Store):
         path: str | os.PathLike[str],
         *,
         read_only: bool,
-        timeout: float,
+        timeout: float | None,
         durable: bool,
+        open_now: bool = True,
     ) -> None:
         super().__init__(read_only=read_only)
         self.path = os.path.abspath(os.fspath(path))
-        self.timeout = timeout
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         self.durable = durable
         #: Where damaged database files were moved by this object.
         self.moved_aside: list[str] = []
@@ -81,7 +83,7 @@ class SQLiteFile(Store):
         # Connections inherited through fork are never used or closed in the child:
         # SQLite forbids both, and closing may checkpoint the parent's WAL.
         self._inherited: list[sqlite3.Connection] = []
-        if not read_only:
+        if open_now and not read_only:
             self._call(lambda conn: None)  # create or recover the file now, not on first use
 
     # Connection management ---------------------------------------------

@@ -19,7 +19,6 @@ from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo, bound, check_caps, validate_key
 from kernelcache.stores.sqlite.file import (
     APPLICATION_ID,
-    DEFAULT_TIMEOUT,
     SCHEMA_VERSION,
     SQLiteFile,
     transaction,
@@ -64,13 +63,16 @@ class SQLiteStore(SQLiteFile):
         max_bytes: int | None = None,
         max_entries: int | None = None,
         read_only: bool = False,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
         durable: bool = False,
+        open_now: bool = True,
     ) -> None:
         check_caps(max_bytes, max_entries)
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        super().__init__(path, read_only=read_only, timeout=timeout, durable=durable)
+        super().__init__(
+            path, read_only=read_only, timeout=timeout, durable=durable, open_now=open_now
+        )
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
