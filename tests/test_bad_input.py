@@ -185,8 +185,8 @@ def test_a_memory_hit_hands_out_its_own_meta(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["0", "0K", "0M", "0.0G", " 0 ", "0GiB"])
 def test_a_zero_cap_in_any_unit_is_unlimited(text: str) -> None:
-    assert Settings.load(environ={"KERNELCACHE_MAX_SIZE": text}).max_size is None
-    assert Settings.load(environ={}, max_size=text).max_size is None
+    assert Settings.load(environ={"KERNELCACHE_MAX_SIZE": text}).max_bytes is None
+    assert Settings.load(environ={}, max_bytes=text).max_bytes is None
 
 
 @pytest.mark.parametrize("text", ["9" * 400, "99999999999T", "1e9", "5X", "-1", "1..5G"])

@@ -231,7 +231,8 @@ def test_config_shows_sources(tmp_path: Path) -> None:
     rows = kc_json(tmp_path / "c", "config")
     by_name = {r["name"]: r for r in rows}
     assert by_name["dir"]["value"] == str(tmp_path / "c") and by_name["dir"]["source"] == "argument"
-    assert by_name["max_size"]["source"] == "default"
+    assert by_name["max_bytes"]["source"] == "default"
+    assert by_name["max_bytes"]["variable"] == "KERNELCACHE_MAX_SIZE"
     env = kc(None, "config", env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_SECRET": "s3"})
     assert "environment KERNELCACHE_DIR" in env.stdout and "s3" not in env.stdout
 

@@ -200,7 +200,7 @@ def test_read_only_settings_write_nothing_into_the_directory(tmp_path: Path) -> 
     for entry_file in root.glob("v1/entries/*/*.kce"):
         os.utime(entry_file, (then, then))
     before = snapshot(root)
-    settings = Settings.load(dir=str(root), readonly=True, max_size="64K")
+    settings = Settings.load(dir=str(root), read_only=True, max_bytes="64K")
     with Cache(settings=settings) as reader:
         got = reader.get("k" * 16)
         assert got is not None

@@ -115,3 +115,9 @@ def test_bad_labels_and_namespaces() -> None:
         KeyBuilder("")
     with pytest.raises(TypeError, match="labels must be str"):
         KeyBuilder("t").add(1, "x")  # type: ignore[arg-type]
+
+
+def test_the_encoding_is_pinned() -> None:
+    """A key from before any change of the encoding (main at e5b742e): a change of the
+    encoding must bump SCHEMA_VERSION, and then this digest changes too."""
+    assert make_key("x", a=1) == "c731fbad2960ef372f04ea1e59bec1bb8462cebadfe9935abd285efa8846b31c"

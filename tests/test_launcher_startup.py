@@ -3,15 +3,12 @@
 A hit is bounded by interpreter start-up (DESIGN.md, performance): the
 ``kernelcache`` executable starts Python without site and runs the client
 (:mod:`kernelcache.nvcc.client`), which asks the warm server. These tests pin
-what the client imports on a hit, that it finds the same cache directory as
-``Settings`` without importing them, and that the cheaper stand-ins the core
-still has (the built-in SHA-256, the default directory computed without
-platformdirs) give exactly what the originals give.
+what the client imports on a hit, and that it finds the same cache directory
+as ``Settings`` without importing them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import py_compile
@@ -21,69 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import platformdirs
 import pytest
 
-from kernelcache import keys
 from kernelcache.nvcc import client
-from kernelcache.settings import default_dir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-@pytest.mark.parametrize(
-    "size",
-    [0, 1, 4096, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 << 20],
-    ids=lambda n: f"{n}B",
-)
-def test_file_sha256_is_hashlib_sha256(tmp_path: Path, size: int) -> None:
-    path = tmp_path / "f"
-    data = os.urandom(size)
-    path.write_bytes(data)
-    assert keys.file_sha256(str(path)) == hashlib.sha256(data).hexdigest()
-
-
-def test_file_sha256_past_the_builtin_budget(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Once the built-in's budget is spent, small files go to hashlib: same digests."""
-    monkeypatch.setattr(keys, "_builtin_file_bytes", keys.BUILTIN_FILE_BUDGET - 10)
-    for size in (5, 100):
-        path = tmp_path / f"f{size}"
-        path.write_bytes(b"x" * size)
-        assert keys.file_sha256(str(path)) == hashlib.sha256(b"x" * size).hexdigest()
-    assert keys._builtin_file_bytes == keys.BUILTIN_FILE_BUDGET - 5
-
-
-def test_key_sha256_is_hashlib_sha256() -> None:
-    for data in (b"", b"abc", os.urandom(100_000)):
-        assert keys.sha256(data).hexdigest() == hashlib.sha256(data).hexdigest()
-    # A key computed before the built-in hash was used (main at e5b742e).
-    assert keys.make_key("x", a=1) == (
-        "c731fbad2960ef372f04ea1e59bec1bb8462cebadfe9935abd285efa8846b31c"
-    )
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="the shortcut is Linux-only")
-@pytest.mark.parametrize(
-    "env",
-    [
-        pytest.param({"XDG_CACHE_HOME": "/var/tmp/xdg"}, id="xdg-absolute"),
-        pytest.param({"XDG_CACHE_HOME": "/var/tmp/xdg/"}, id="xdg-trailing-slash"),
-        pytest.param({"XDG_CACHE_HOME": None}, id="xdg-unset"),
-        pytest.param({"XDG_CACHE_HOME": ""}, id="xdg-empty"),
-        pytest.param({"XDG_CACHE_HOME": "rel/xdg"}, id="xdg-relative"),
-        pytest.param({"XDG_CACHE_HOME": None, "HOME": "/home/someone/"}, id="home-slash"),
-        pytest.param({"XDG_CACHE_HOME": None, "HOME": "relative"}, id="home-relative"),
-    ],
-)
-def test_default_dir_is_platformdirs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    for name, value in env.items():
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    assert default_dir() == platformdirs.user_cache_dir("kernelcache", appauthor=False)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +33,9 @@ def test_default_dir_is_platformdirs(monkeypatch: pytest.MonkeyPatch, env: dict[
         pytest.param({"KERNELCACHE_DIR": "~/kc"}, id="home"),
         pytest.param({"XDG_CACHE_HOME": "/var/tmp/xdg/"}, id="xdg"),
         pytest.param({"XDG_CACHE_HOME": ""}, id="xdg-empty"),
+        pytest.param({"XDG_CACHE_HOME": "rel/xdg"}, id="xdg-relative"),
+        pytest.param({"HOME": "/home/someone/"}, id="home-slash"),
+        pytest.param({"HOME": "relative"}, id="home-relative"),
         pytest.param({}, id="default"),
     ],
 )
@@ -110,7 +52,9 @@ def test_client_finds_the_settings_directory(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     found = client.cache_dir(dict(os.environb), os.getcwdb())
-    assert found is not None
+    if found is None:  # unsure: the launcher then runs in-process, with the Settings
+        assert env.get("XDG_CACHE_HOME", "/").startswith("rel") or env.get("HOME") == "relative"
+        return
     assert os.path.normpath(os.fsdecode(found)) == os.path.abspath(Settings.load().dir)
 
 

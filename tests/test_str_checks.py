@@ -1,8 +1,9 @@
-"""The str-method checks that replaced regexes (``re`` is off the hit path) agree with them.
+"""The key rule and the disk tier's folder-tag rule, over generated strings.
 
-``validate_key`` used ``[A-Za-z0-9_][A-Za-z0-9_.\\-]{0,199}`` and the disk
-tier's extraction folders ``[0-9a-f]{16}`` for their tag; both regexes are
-kept here as the reference and compared over generated strings.
+Keys must match ``[A-Za-z0-9_][A-Za-z0-9_.\\-]{0,199}`` (they become file names
+and Redis keys) and extraction folders ``[0-9a-f]{16}``; the tag is checked
+with str methods on the disk tier's listing path. Both rules are compared with
+their reference regexes, look-alike characters included.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ import os
 import threading
 
 from kernelcache.cache import Cache
-from kernelcache.settings import _FIELDS, ENV_PREFIX, Settings
+from kernelcache.settings import VARIABLES, Settings
 
-_VARS = tuple(ENV_PREFIX + name.upper() for name in _FIELDS)
 _caches: dict[tuple[str | None, ...], Cache] = {}
 _lock = threading.Lock()
 
@@ -23,7 +22,7 @@ def default_cache() -> Cache:
     """The shared ``Cache()`` for the current ``KERNELCACHE_*`` environment."""
     # Keyed by the raw variables: Settings.load() costs ~10 us, a third of a hit.
     environ = os.environ
-    config = tuple(environ.get(name) for name in _VARS)
+    config = tuple(environ.get(name) for name in VARIABLES)
     cache = _caches.get(config)
     if cache is None:
         with _lock:

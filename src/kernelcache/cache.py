@@ -48,7 +48,7 @@ class Cache:
         #: The directory whose statistics ``kernelcache stats`` shows for this cache.
         self.stats_dir = settings_dir(self.settings) if tiers is None else persistent_dir(self.tiers)
         # Read-only settings write nothing into the directory, statistics included.
-        record = persist_stats and not (tiers is None and self.settings.readonly)
+        record = persist_stats and not (tiers is None and self.settings.read_only)
         self._stats = Recorder(self.tiers, self.stats_dir if record else None)
         # Collaborators that do not refer back to the Cache: a cycle would leave a
         # dropped Cache (and its last statistics flush) to the cyclic collector,

@@ -15,25 +15,11 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from hashlib import sha256
+from typing import TYPE_CHECKING, Any
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from hashlib import _Hash, sha256
-    from typing import Any
-else:
-    # CPython's built-in SHA-256 (_sha2 from 3.12): the same digests as
-    # hashlib's, without importing hashlib, whose OpenSSL set-up costs every
-    # `kernelcache nvcc` call ~3 ms. Keys hash kilobytes, where its lower
-    # throughput (~250 MB/s here, OpenSSL ~1.7 GB/s) costs microseconds; files
-    # are hashed with hashlib (file_sha256).
-    try:
-        from _sha256 import sha256
-    except ImportError:  # depends on the Python version and build
-        try:
-            from _sha2 import sha256
-        except ImportError:
-            from hashlib import sha256
+    from hashlib import _Hash
 
 __all__ = ["SCHEMA_VERSION", "KeyBuilder", "encode", "file_sha256", "make_key", "sha256"]
 
@@ -124,27 +110,11 @@ class KeyBuilder:
         return self._hash.copy().hexdigest()
 
 
-#: Bytes of files hashed with the built-in SHA-256 before switching to hashlib.
-#: A hit usually re-hashes a few small headers recorded as too new to trust
-#: their stat signature; importing hashlib for them would cost more (~3 ms)
-#: than hashing them (~4 ms per MiB); beyond this budget OpenSSL's speed wins.
-BUILTIN_FILE_BUDGET = 512 << 10
-_builtin_file_bytes = 0
-
-
 def file_sha256(path: str) -> str:
-    """Hex SHA-256 of a file's content (the same digest whichever implementation hashes it)."""
-    global _builtin_file_bytes
-    chunk_size = 1 << 20
+    """Hex SHA-256 of a file's content, read in 1 MiB chunks."""
+    digest = sha256()
     with open(path, "rb") as f:
-        chunk = f.read(chunk_size)
-        if len(chunk) < chunk_size and _builtin_file_bytes + len(chunk) <= BUILTIN_FILE_BUDGET:
-            _builtin_file_bytes += len(chunk)
-            return sha256(chunk).hexdigest()
-        import hashlib
-
-        digest = hashlib.sha256(chunk)
-        for chunk in iter(lambda: f.read(chunk_size), b""):
+        for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
 

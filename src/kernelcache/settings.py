@@ -1,223 +1,165 @@
 """All configuration in one typed object: arguments, then environment, then defaults.
 
-Each value remembers where it came from, so ``kernelcache config`` can say why
-a setting has the value it has.
+Each field of :class:`Settings` declares, in one place, its default, the
+``KERNELCACHE_*`` variable that sets it and how that variable's text is read.
+Each value remembers where it came from, so ``kernelcache config`` can say
+why a setting has the value it has.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import sys
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from kernelcache._dirs import default_dir
 from kernelcache.errors import ConfigError
 from kernelcache.units import parse_size
-
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 ENV_PREFIX = "KERNELCACHE_"
 DEFAULT_MAX_SIZE = 10 << 30
 DEFAULT_MEMORY_MAX_SIZE = 256 << 20
+#: The kinds of local tier ``KERNELCACHE_LOCAL`` can choose.
+LOCAL_TIERS = ("disk", "sqlite")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def default_dir() -> str:
-    """The platform's user cache directory for kernelcache (platformdirs' ``user_cache_dir``)."""
-    if sys.platform == "linux" and not _maybe_android():
-        # platformdirs' own answer on Linux (the XDG base directory spec), in
-        # the cases where every platformdirs version agrees, without importing
-        # it: ~10 ms on each launcher call that relies on the default directory.
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
-        if os.path.isabs(xdg):
-            return os.path.join(xdg, "kernelcache")
-        home = os.environ.get("HOME", "")
-        if not xdg.strip() and os.path.isabs(home):
-            return os.path.join(os.path.expanduser("~/.cache"), "kernelcache")
-    import platformdirs  # other platforms and unusual environments
-
-    return str(platformdirs.user_cache_dir("kernelcache", appauthor=False))
-
-
-def _maybe_android() -> bool:
-    """Whether platformdirs might take this for Android (its own test, or its environment one)."""
-    return hasattr(sys, "getandroidapilevel") or "ANDROID_DATA" in os.environ
-
-
-def _parse_bool(name: str, text: str) -> bool:
+def _parse_bool(var: str, text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in _TRUE:
         return True
     if lowered in _FALSE:
         return False
-    raise ConfigError(
-        f"{ENV_PREFIX}{name} must be one of 1/0, true/false, yes/no, on/off; got {text!r}"
-    )
+    raise ConfigError(f"{var} must be one of 1/0, true/false, yes/no, on/off; got {text!r}")
 
 
-#: The kinds of local tier ``KERNELCACHE_LOCAL`` can choose.
-LOCAL_TIERS = ("disk", "sqlite")
-
-
-def _parse_local(name: str, text: str) -> str:
+def _parse_local(var: str, text: str) -> str:
     value = text.strip().lower() or "disk"
     if value not in LOCAL_TIERS:
-        raise ConfigError(
-            f"{ENV_PREFIX}{name} must be one of {', '.join(LOCAL_TIERS)}; got {text!r}"
-        )
+        raise ConfigError(f"{var} must be one of {', '.join(LOCAL_TIERS)}; got {text!r}")
     return value
 
 
-def _parse_secret(name: str, text: str) -> str:
+def _parse_secret(var: str, text: str) -> str:
     # Set but empty (an unset variable expanded, a missing file read) must not
     # silently turn signing off: unsigned values would then be accepted.
     if not text.strip():
         raise ConfigError(
-            f"{ENV_PREFIX}{name} is set but empty: give the team's secret, "
-            "or unset it to turn signing off"
+            f"{var} is set but empty: give the team's secret, or unset it to turn signing off"
         )
     return text
 
 
-def _parse_optional_size(name: str, text: str | int) -> int | None:
+def _parse_cap(var: str, text: str | int) -> int | None:
     """A cap: ``0`` in any unit (``0``, ``0M``, ``0.0G``), ``none`` or empty mean no cap."""
     if isinstance(text, str) and text.strip().lower() in ("", "none", "unlimited"):
         return None
     try:
         size = parse_size(text)
     except ConfigError as exc:
-        where = name if name.islower() else ENV_PREFIX + name  # an argument, or a variable
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{var}: {exc}") from None
     return size or None
 
 
-# name -> (parser of the environment text, default factory)
-_FIELDS: dict[str, tuple[Any, Any]] = {
-    "dir": (lambda name, text: os.path.expanduser(text), default_dir),
-    "max_size": (_parse_optional_size, lambda: DEFAULT_MAX_SIZE),
-    "memory_max_size": (_parse_optional_size, lambda: DEFAULT_MEMORY_MAX_SIZE),
-    "local": (_parse_local, lambda: "disk"),
-    "remote": (lambda name, text: text or None, lambda: None),
-    "disable": (_parse_bool, lambda: False),
-    "readonly": (_parse_bool, lambda: False),
-    "secret": (_parse_secret, lambda: None),
-}
+def _parse_text(var: str, text: str) -> str | None:
+    return text or None
 
 
+def _expand(var: str, text: str) -> str:
+    return os.path.expanduser(text)
+
+
+def _variable(name: str, parse: Callable[[str, Any], Any], *, arguments: bool = False) -> Any:
+    """Field metadata: the variable ``KERNELCACHE_<name>`` read by ``parse(var, text)``;
+    ``arguments``: constructor arguments go through ``parse`` too (sizes with units)."""
+    return {"variable": ENV_PREFIX + name, "parse": parse, "arguments": arguments}
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     """Effective configuration; build it with :meth:`load`.
 
-    Immutable, compared and hashed by value (``sources`` excluded). A plain
-    class, not a dataclass: see :class:`kernelcache.stores.base.Counters`.
+    Immutable, compared and hashed by value (``sources`` excluded); the
+    secret never appears in its ``repr``.
     """
 
-    __slots__ = (
-        "dir",
-        "disable",
-        "local",
-        "max_size",
-        "memory_max_size",
-        "readonly",
-        "remote",
-        "secret",
-        "sources",
+    dir: str = dataclasses.field(
+        default_factory=default_dir, metadata=_variable("DIR", _expand, arguments=True)
+    )
+    max_bytes: int | None = dataclasses.field(
+        default=DEFAULT_MAX_SIZE, metadata=_variable("MAX_SIZE", _parse_cap, arguments=True)
+    )
+    memory_max_bytes: int | None = dataclasses.field(
+        default=DEFAULT_MEMORY_MAX_SIZE,
+        metadata=_variable("MEMORY_MAX_SIZE", _parse_cap, arguments=True),
+    )
+    local: str = dataclasses.field(
+        default="disk", metadata=_variable("LOCAL", _parse_local, arguments=True)
+    )
+    remote: str | None = dataclasses.field(default=None, metadata=_variable("REMOTE", _parse_text))
+    disable: bool = dataclasses.field(default=False, metadata=_variable("DISABLE", _parse_bool))
+    read_only: bool = dataclasses.field(
+        default=False, metadata=_variable("READONLY", _parse_bool)
+    )
+    secret: str | None = dataclasses.field(
+        default=None, repr=False, metadata=_variable("SECRET", _parse_secret)
+    )
+    #: Where each value came from: "argument", "environment KERNELCACHE_X" or "default".
+    sources: dict[str, str] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False, metadata={}
     )
 
-    dir: str
-    max_size: int | None
-    memory_max_size: int | None
-    local: str
-    remote: str | None
-    disable: bool
-    readonly: bool
-    secret: str | None
-    sources: dict[str, str]
-
-    def __init__(
-        self,
-        dir: str,
-        max_size: int | None,
-        memory_max_size: int | None,
-        local: str,
-        remote: str | None,
-        disable: bool,
-        readonly: bool,
-        secret: str | None,
-        sources: dict[str, str] | None = None,
-    ) -> None:
-        values = (dir, max_size, memory_max_size, local, remote, disable, readonly, secret)
-        for name, value in zip(_FIELDS, values, strict=True):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "sources", {} if sources is None else sources)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(
-            f"Settings are immutable; make new ones with Settings.load({name}=...)"
-        )
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("Settings are immutable")
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Settings) and self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        shown = ", ".join(f"{name}={value!r}" for name, value, _ in self._described())
-        return f"Settings({shown})"
-
     @classmethod
-    def load(cls, environ: dict[str, str] | None = None, **arguments: Any) -> Settings:
-        """Arguments win over ``KERNELCACHE_*`` variables, which win over defaults."""
+    def load(cls, environ: Mapping[str, str] | None = None, **arguments: Any) -> Settings:
+        """Arguments win over ``KERNELCACHE_*`` variables, which win over defaults.
+
+        An argument of ``None`` counts as not given. An empty variable is read
+        like any other (an empty ``KERNELCACHE_REMOTE`` is no remote), except
+        ``KERNELCACHE_DIR``: empty is unset, never the working directory.
+        """
         env = os.environ if environ is None else environ
-        unknown = set(arguments) - set(_FIELDS)
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        _check_names(arguments)
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}
-        for name, (parse, default) in _FIELDS.items():
-            var = ENV_PREFIX + name.upper()
-            if arguments.get(name) is not None:
-                value = arguments[name]
-                if name.endswith("max_size"):
-                    value = _parse_optional_size(name, value)
-                elif name == "local":
-                    value = _parse_local(name.upper(), value)
-                values[name] = value
-                sources[name] = "argument"
-            elif env.get(var, "").strip() or (var in env and name != "dir"):
-                # An empty KERNELCACHE_DIR is unset (not the working directory).
-                values[name] = parse(name.upper(), env[var])
-                sources[name] = f"environment {var}"
+        for field in _SETTINGS:
+            meta = field.metadata
+            var = meta["variable"]
+            if arguments.get(field.name) is not None:
+                value = arguments[field.name]
+                values[field.name] = meta["parse"](field.name, value) if meta["arguments"] else value
+                sources[field.name] = "argument"
+            elif var in env and (env[var].strip() or field.name != "dir"):
+                values[field.name] = meta["parse"](var, env[var])
+                sources[field.name] = f"environment {var}"
             else:
-                values[name] = default()
-                sources[name] = "default"
+                sources[field.name] = "default"
         return cls(**values, sources=sources)
 
     def replaced(self, **changes: Any) -> Settings:
         """A copy with some values changed (their source becomes "argument")."""
-        unknown = set(changes) - set(_FIELDS)
-        if unknown:
-            raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-        values = {name: changes.get(name, getattr(self, name)) for name in _FIELDS}
+        _check_names(changes)
         sources = {**self.sources, **dict.fromkeys(changes, "argument")}
-        return Settings(**values, sources=sources)
+        return dataclasses.replace(self, **changes, sources=sources)
 
     def describe(self) -> list[tuple[str, str, str]]:
         """``(name, value, source)`` rows; the secret is never shown."""
-        return [(name, str(value), source) for name, value, source in self._described()]
-
-    def _described(self) -> list[tuple[str, object, str]]:
-        rows: list[tuple[str, object, str]] = []
-        for name in _FIELDS:
-            value = getattr(self, name)
-            shown = "<set>" if name == "secret" and value else value
-            rows.append((name, shown, self.sources.get(name, "default")))
+        rows = []
+        for field in _SETTINGS:
+            value = getattr(self, field.name)
+            shown = "<set>" if field.name == "secret" and value else value
+            rows.append((field.name, str(shown), self.sources.get(field.name, "default")))
         return rows
+
+
+#: The fields read from arguments and the environment (every field but ``sources``).
+_SETTINGS = tuple(f for f in dataclasses.fields(Settings) if "variable" in f.metadata)
+#: The variables that configure kernelcache, in field order.
+VARIABLES = tuple(f.metadata["variable"] for f in _SETTINGS)
+
+
+def _check_names(given: Mapping[str, Any]) -> None:
+    unknown = set(given) - {f.name for f in _SETTINGS}
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")

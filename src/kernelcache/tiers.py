@@ -29,17 +29,17 @@ def default_tiers(settings: Settings) -> list[Store]:
 
     The local tier is a :class:`DiskStore` at ``dir`` or, with ``local="sqlite"``,
     a :class:`SQLiteStore` at ``dir/cache.sqlite``; both take ``max_size`` as
-    their cap. The remote tier is read-only when ``readonly`` is set or its URL
+    their cap (``max_bytes``). The remote tier is read-only when ``read_only`` is set or its URL
     says ``?readonly=1``.
     """
     if settings.disable:
         return []
-    tiers: list[Store] = [MemoryStore(max_bytes=settings.memory_max_size), local_tier(settings)]
+    tiers: list[Store] = [MemoryStore(max_bytes=settings.memory_max_bytes), local_tier(settings)]
     if settings.remote:
         from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
 
         tiers.append(
-            RedisStore(settings.remote, secret=settings.secret, read_only=settings.readonly)
+            RedisStore(settings.remote, secret=settings.secret, read_only=settings.read_only)
         )
     return tiers
 
@@ -69,8 +69,8 @@ def local_tier(settings: Settings) -> Store:
         # now costs a counted miss per use, never Cache() itself.
         return SQLiteStore(
             os.path.join(settings.dir, SQLITE_FILE),
-            max_bytes=settings.max_size,
-            read_only=settings.readonly,
+            max_bytes=settings.max_bytes,
+            read_only=settings.read_only,
             open_now=False,
         )
     return DiskStore.from_settings(settings)

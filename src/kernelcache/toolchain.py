@@ -8,9 +8,8 @@ with a working one and keys stay stable across repeated failing calls.
 
 Content hashes of large files (``libnvrtc.so`` is ~140 MB, ``nvcc``) are
 memoised in a small JSON file under the cache directory, keyed by path and
-``stat`` signature (size, mtime, ctime, inode), so the ``kernelcache nvcc``
-hit path does not re-hash the compiler on every call. Everything heavy is
-imported lazily.
+``stat`` signature (``_fs.signature``), so a fresh process does not re-hash
+the compiler on every call.
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
+from kernelcache._dirs import cache_dir
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -52,9 +52,7 @@ def _trustworthy(st: os.stat_result) -> bool:
 
 def memo_path() -> str:
     """Where probe results are memoised (``<cache dir>/toolchain-probes.json``)."""
-    from kernelcache.settings import Settings
-
-    return os.path.join(Settings.load().dir, MEMO_FILE)
+    return os.path.join(cache_dir(), MEMO_FILE)
 
 
 def _load_memo() -> dict[str, Any]:
@@ -122,7 +120,7 @@ def script_targets(path: str) -> list[str]:
 
 
 def _run_version(path: str) -> str:
-    import subprocess  # deferred: the launcher's hit path never runs it
+    import subprocess  # only when a probe has to run a program
 
     try:
         proc = subprocess.run(
@@ -163,22 +161,9 @@ def executable(path: str) -> str:
         return failed(exc)
 
 
-def which(name: str, path: str | None = None) -> str | None:
-    """``shutil.which`` without importing shutil (and bz2, lzma, fnmatch) on the hit path.
-
-    ``path`` is the search path (default: ``PATH`` of this process).
-    """
-    search = os.environ.get("PATH", os.defpath) if path is None else path
-    for folder in search.split(os.pathsep):
-        candidate = os.path.join(folder or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def nvcc(path: str | None = None) -> str:
     """Identity of nvcc (``path``, or the one on ``PATH``) plus its ``nvcc.profile``."""
-    resolved = path if path is not None and os.sep in path else which(path or "nvcc")
+    resolved = path if path is not None and os.sep in path else shutil.which(path or "nvcc")
     if resolved is None:
         return failed(FileNotFoundError())
     identity = executable(resolved)

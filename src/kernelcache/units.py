@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from kernelcache.errors import ConfigError
 
 #: The largest size accepted: what a signed 64-bit file offset can count.
 MAX_SIZE = (1 << 63) - 1
 _SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-# Compiled on first use (re's own cache): Settings imports this module on the
-# launcher's hit path, which parses no size unless a KERNELCACHE_* size is set.
-_SIZE_PATTERN = r"(?i)\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*"
-_AGE_PATTERN = r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*"
+_SIZE = re.compile(r"(?i)\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*")
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
 
 
 def parse_size(text: str | int) -> int:
@@ -22,9 +22,7 @@ def parse_size(text: str | int) -> int:
         if text > MAX_SIZE:
             raise ConfigError(f"size {text} is too large (at most 8 EiB)")
         return text
-    import re
-
-    match = re.fullmatch(_SIZE_PATTERN, str(text))
+    match = _SIZE.fullmatch(str(text))
     if match is None:
         raise ConfigError(
             f"invalid size {text!r}: use a number with an optional unit, e.g. 500M or 5G"
@@ -37,9 +35,7 @@ def parse_size(text: str | int) -> int:
 
 def parse_age(text: str) -> float:
     """``"30d"`` → seconds; units s, m, h, d, w (seconds when none)."""
-    import re
-
-    match = re.fullmatch(_AGE_PATTERN, str(text))
+    match = _AGE.fullmatch(str(text))
     if match is None:
         raise ConfigError(
             f"invalid age {text!r}: use a number with a unit s, m, h, d or w, e.g. 30d"

@@ -16,7 +16,7 @@ def open_cache(settings: Settings, *, write: bool) -> Cache:
     ignored: the command line manages the cache even while programs skip it.
     Statistics of the command's own lookups are not recorded.
     """
-    settings = settings.replaced(disable=False, readonly=settings.readonly or not write)
+    settings = settings.replaced(disable=False, read_only=settings.read_only or not write)
     return Cache(settings=settings, persist_stats=False)
 
 

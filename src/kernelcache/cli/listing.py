@@ -14,7 +14,7 @@ from kernelcache.cache import Cache
 from kernelcache.cli.common import named, open_cache
 from kernelcache.cli.output import format_age, format_seconds, format_time, print_json, table
 from kernelcache.errors import ConfigError
-from kernelcache.settings import Settings
+from kernelcache.settings import VARIABLES, Settings
 from kernelcache.stats.totals import read_key_hits
 from kernelcache.units import format_size
 
@@ -122,18 +122,23 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [
+        (name, variable, shown, source)
+        for (name, shown, source), variable in zip(settings.describe(), VARIABLES, strict=True)
+    ]
     if args.json:
         print_json(
             [
                 {
                     "name": name,
+                    "variable": variable,
                     "value": None if name == "secret" else getattr(settings, name),
                     "set": getattr(settings, name) is not None,
                     "source": source,
                 }
-                for name, _shown, source in settings.describe()
+                for name, variable, _shown, source in rows
             ]
         )
     else:
-        print(table(("SETTING", "VALUE", "SOURCE"), settings.describe()))
+        print(table(("SETTING", "VARIABLE", "VALUE", "SOURCE"), rows))
     return 0

@@ -21,6 +21,7 @@ import importlib
 import os
 import pathlib
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -74,7 +75,7 @@ def toolchain_fields() -> dict[str, Any]:
 
     aot = _module("ninetoothed.aot")
     package = pathlib.Path(ninetoothed.__file__).parent
-    host = toolchain.which(os.environ.get("NVCC_CCBIN") or "gcc")
+    host = shutil.which(os.environ.get("NVCC_CCBIN") or "gcc")
     return {
         "ninetoothed": fingerprint.files([package / name for name in _CODE_FILES], root=package),
         "triton": toolchain.triton(),

@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
 from kernelcache.keys import file_sha256 as _sha256
 from kernelcache.keys import sha256
 from kernelcache.nvcc.args import BASE_TOKEN, normalize_path
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any

@@ -24,13 +24,12 @@ from __future__ import annotations
 import os
 import re
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
 from kernelcache.nvcc.args import normalize_path
 from kernelcache.nvcc.deps import resolve, signature
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any

@@ -18,11 +18,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+from typing import TYPE_CHECKING
 
 from kernelcache.nvcc.args import Invocation
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
@@ -65,9 +65,8 @@ def sloppiness(env: Mapping[str, str]) -> frozenset[str]:
 
 
 def which(name: str, env: Mapping[str, str]) -> str | None:
-    from kernelcache.toolchain import which as find
-
-    return find(name, env.get("PATH", os.defpath))
+    """``name`` on the ``PATH`` of ``env`` (the caller's environment, not the server's)."""
+    return shutil.which(name, path=env.get("PATH", os.defpath))
 
 
 def resolve_compiler(name: str, env: Mapping[str, str]) -> str:

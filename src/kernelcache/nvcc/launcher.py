@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
@@ -34,8 +35,6 @@ from kernelcache.nvcc.key import ENV_VARS, host_compiler, resolve_compiler
 from kernelcache.nvcc.outputs import replay, write_outputs
 from kernelcache.stats.launcher import STATS_FILE, launcher_stats, stats_path
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from kernelcache.cache import Cache
     from kernelcache.nvcc.args import Invocation

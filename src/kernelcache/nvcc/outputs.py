@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
 from kernelcache.nvcc import deps as nvcc_deps
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from kernelcache.entry import Entry
     from kernelcache.nvcc.args import Invocation

@@ -21,12 +21,11 @@ import os
 import re
 import shlex
 import subprocess
+from typing import TYPE_CHECKING
 
 from kernelcache.keys import sha256
 from kernelcache.nvcc.args import BASE_TOKEN, without_outputs
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms (the server imports this at start).
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

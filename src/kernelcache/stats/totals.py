@@ -26,15 +26,13 @@ import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from kernelcache import _fs
 from kernelcache.stores.lockfile import close_lock_fd, open_lock_fd
 
-# Not typing.TYPE_CHECKING: a launcher hit records its statistics here, and
-# importing typing would cost it ~3 ms.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

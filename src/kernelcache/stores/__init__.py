@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from kernelcache.stores.base import Counters, EntryInfo, Store, validate_key
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
     from kernelcache.stores.redis import RedisStore
     from kernelcache.stores.sqlite import SQLiteStore
 
@@ -27,8 +25,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: sqlite3 costs ~10 ms at start-up and redis-py more,
-    # which the `kernelcache nvcc` hit path should not pay when it never opens them.
+    # Imported on first use: sqlite3 costs ~10 ms to import and redis-py more,
+    # which programs that use neither tier should not pay.
     if name == "SQLiteStore":
         from kernelcache.stores.sqlite import SQLiteStore
 

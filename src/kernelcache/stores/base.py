@@ -10,30 +10,21 @@ questions at once.
 from __future__ import annotations
 
 import abc
+import dataclasses
+import re
 import threading
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.errors import ReadOnlyStoreError
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import TracebackType
-    from typing import Any, Protocol
 
     from kernelcache.entry import Entry
-else:
-    # FlightLock is a Protocol for type checkers (locks match it by shape,
-    # without inheriting from it) and a plain class at run time, where nothing
-    # checks it: typing stays off the hit path.
-    Protocol = object
 
-#: What a key may contain. The rule is the regex [A-Za-z0-9_][A-Za-z0-9_.-]{0,199},
-#: checked with str methods because importing ``re`` costs ~4 ms of start-up;
-#: tests/test_str_checks.py compares the two over generated strings.
-_KEY_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
-_DROP_KEY_CHARS = dict.fromkeys(map(ord, _KEY_CHARS))
-_MAX_KEY_LENGTH = 200
+#: What a key may be: it becomes a file name and part of a Redis key.
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 
 # Keys that passed the check, so the hot path (every Cache.get) skips it:
@@ -66,13 +57,8 @@ def validate_key(key: object) -> str:
 
 
 def _is_key_text(key: str) -> bool:
-    if type(key) is not str:
-        key = str.__str__(key)  # its own characters: a subclass may override len() or [0]
-    return (
-        0 < len(key) <= _MAX_KEY_LENGTH
-        and key[0] not in ".-"
-        and not key.translate(_DROP_KEY_CHARS)  # empty when every character is allowed
-    )
+    # Its own characters: a str subclass may override what the regex looks at.
+    return _KEY.fullmatch(str.__str__(key)) is not None
 
 
 def is_valid_key(key: object) -> bool:
@@ -100,46 +86,32 @@ def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
             raise ValueError(f"{name} must be a positive int or None, not {value!r}")
 
 
+@dataclasses.dataclass(eq=False)
 class Counters:
     """What a tier did since this process opened it.
 
-    Every tier has these; a tier with more to count subclasses it and lists
-    its own names in ``names`` (the Redis tier counts timeouts, breaker trips
-    and forged values). Statistics carry whatever names a tier has.
-
-    A plain class, as are EntryInfo and Settings: ``dataclasses`` imports
-    ``inspect`` (and ``ast``, ``dis``, ``tokenize``), which cost every
-    ``kernelcache nvcc`` call ~13 ms of its ~55. A counter is one line below.
+    Every tier has these; a tier with more to count subclasses it with more
+    fields (the Redis tier counts timeouts, breaker trips and forged values).
+    Statistics carry whatever counters a tier has.
     """
 
-    names: tuple[str, ...] = (
-        "hits",
-        "misses",
-        "puts",
-        "deletes",
-        "evictions",
-        "errors",
-        "corrupt",
-        "bytes_read",
-        "bytes_written",
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    deletes: int = 0
+    evictions: int = 0
+    errors: int = 0
+    corrupt: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False
     )
 
-    hits: int
-    misses: int
-    puts: int
-    deletes: int
-    evictions: int
-    errors: int
-    corrupt: int
-    bytes_read: int
-    bytes_written: int
-
-    def __init__(self, **counts: int) -> None:
-        for name in self.names:
-            setattr(self, name, counts.pop(name, 0))
-        if counts:
-            raise TypeError(f"unknown counter(s): {', '.join(sorted(counts))}")
-        self._lock = threading.Lock()
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The counters this tier keeps, in order."""
+        return tuple(f.name for f in dataclasses.fields(self) if not f.name.startswith("_"))
 
     def add(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` (may be negative) to counter ``name``, atomically across threads.
@@ -160,10 +132,6 @@ class Counters:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __repr__(self) -> str:
-        counts = ", ".join(f"{k}={v}" for k, v in self.as_dict().items())
-        return f"{type(self).__name__}({counts})"
-
 
 class FlightLock(Protocol):
     """A lock that lets one compile of a key run at a time within a tier's reach.
@@ -179,38 +147,15 @@ class FlightLock(Protocol):
     def release(self) -> None: ...
 
 
+@dataclasses.dataclass(slots=True)
 class EntryInfo:
     """One stored entry as listings see it, without reading its artifacts."""
 
-    __slots__ = ("created", "extra", "key", "last_access", "size")
-
-    def __init__(
-        self,
-        key: str,
-        size: int,
-        last_access: float,  # seconds since the epoch
-        created: float = 0.0,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        self.key = key
-        self.size = size
-        self.last_access = last_access
-        self.created = created
-        self.extra: dict[str, Any] = {} if extra is None else extra
-
-    def _fields(self) -> tuple[Any, ...]:
-        return (self.key, self.size, self.last_access, self.created, self.extra)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EntryInfo) and self._fields() == other._fields()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return (
-            f"EntryInfo(key={self.key!r}, size={self.size}, last_access={self.last_access}, "
-            f"created={self.created}, extra={self.extra!r})"
-        )
+    key: str
+    size: int
+    last_access: float  # seconds since the epoch
+    created: float = 0.0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Damage:

@@ -22,6 +22,7 @@ import importlib
 import json
 import os
 import platform
+import shutil
 import time
 from typing import Any
 
@@ -140,7 +141,7 @@ def compilers(backend: str) -> dict[str, str | None]:
         nvcc = toolchain.failed(exc)
     host = get_cplus_compiler()
     if host and os.sep not in host:
-        host = toolchain.which(host)
+        host = shutil.which(host)
     return {
         "nvcc": nvcc,
         "host": toolchain.executable(host) if host else "probe_failed:FileNotFoundError",

@@ -191,13 +191,13 @@ def refresh(setup: Setup) -> Setup:
 
 
 def _open(directory: str | None) -> Setup:
-    settings = Settings.load(dir=directory, max_size=os.environ.get(ENV_MAX_SIZE) or None)
+    settings = Settings.load(dir=directory, max_bytes=os.environ.get(ENV_MAX_SIZE) or None)
     tiers = default_tiers(settings)
     persistent = [tier for tier in tiers if not tier.in_process]
     if persistent:
         # The memory tier would serve a group after its files were removed (and
         # extract them again): the pinned tier serves only while they are intact.
-        tiers = [PinnedTier(max_bytes=settings.memory_max_size), *persistent]
+        tiers = [PinnedTier(max_bytes=settings.memory_max_bytes), *persistent]
     local = next((tier.local_dir for tier in tiers if tier.local_dir is not None), None)
     return Setup(Cache(tiers, settings=settings), _namespace(), _timeout(), local)
 

@@ -26,6 +26,7 @@ so nothing here hits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 import threading
@@ -42,15 +43,15 @@ Signature = tuple[int, int, int, int, int]
 _OPEN = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 
 
+@dataclasses.dataclass(eq=False)
 class PinnedCounters(Counters):
     """The tier's counters, plus: pins dropped because a file changed; entries not pinned
     because a file was too young to vouch for its bytes; entries whose files were not
     their bytes (served from private copies instead)."""
 
-    names = (*Counters.names, "changed", "young", "refused")
-    changed: int
-    young: int
-    refused: int
+    changed: int = 0
+    young: int = 0
+    refused: int = 0
 
 
 class _Files:

@@ -12,6 +12,7 @@ handed to loaders :mod:`.files`.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import os
@@ -61,11 +62,11 @@ if TYPE_CHECKING:
     _T = TypeVar("_T")
 
 
+@dataclasses.dataclass(eq=False)
 class DiskCounters(Counters):
     """The disk tier also counts what it refused: symlinks and unsafe directories in its tree."""
 
-    names = (*Counters.names, "refused")
-    refused: int
+    refused: int = 0
 
 
 class DiskStore(Store):
@@ -122,7 +123,7 @@ class DiskStore(Store):
         The one place that maps settings to a disk tier: the default Cache and
         the launcher's disk-only hit path must open the very same store.
         """
-        return cls(settings.dir, max_bytes=settings.max_size, read_only=settings.readonly)
+        return cls(settings.dir, max_bytes=settings.max_bytes, read_only=settings.read_only)
 
     def __repr__(self) -> str:
         return f"DiskStore({self.path!r})"

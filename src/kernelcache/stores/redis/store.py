@@ -14,6 +14,7 @@ no writer could have made it, or otherwise remembered for
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -45,25 +46,16 @@ class _Replaced(Exception):
     """The manifest changed while its chunks were being read: read the new one."""
 
 
+@dataclasses.dataclass(eq=False)
 class RedisCounters(Counters):
     """A remote tier's counters: every tier's, plus what only a network tier meets."""
 
-    names = (
-        *Counters.names,
-        "timeouts",
-        "skipped",
-        "breaker_trips",
-        "forged",
-        "oversized",
-        "unverifiable",
-    )
-
-    timeouts: int
-    skipped: int  # calls not made while the circuit breaker was open
-    breaker_trips: int
-    forged: int  # values whose signature was missing or wrong
-    oversized: int  # values over the limits, refused before reading or inflating them
-    unverifiable: int  # signed values met without the secret: unreadable, left alone
+    timeouts: int = 0
+    skipped: int = 0  # calls not made while the circuit breaker was open
+    breaker_trips: int = 0
+    forged: int = 0  # values whose signature was missing or wrong
+    oversized: int = 0  # values over the size limits, refused before reading them
+    unverifiable: int = 0  # signed values this client has no secret for
 
 
 class RedisStore(Store):
