@@ -1,320 +1,91 @@
-"""The contract every storage tier keeps, run over each one through ``store_factory``.
+"""The store contract (:mod:`kernelcache.testing`) run over every built-in tier.
 
-A new tier joins by adding a factory to ``STORE_FACTORIES`` in conftest.py;
-nothing here names a tier except to skip what a tier documents it lacks
-(persistence for the memory tier).
+Each class says how to make its tier and what the tier documents it lacks
+(persistence for the memory tier, size caps for Redis, whose maxmemory policy
+evicts instead); the tests themselves live in :class:`StoreContract`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
-import time
+import hashlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from conftest import StoreFactory
-from kernelcache import Entry, ReadOnlyStoreError, StoreError
 from kernelcache.stores.base import Store
-from kernelcache.stores.disk import space as disk_space
-from kernelcache.stores.disk import store as disk
-from kernelcache.stores.sqlite import store as sqlite
-
-# An artifact holding every byte value, an empty one and a larger one with no pattern.
-ARTIFACTS = {
-    "kernel.cubin": bytes(range(256)) * 64,
-    "empty": b"",
-    "blob.bin": os.urandom(300_000),
-}
+from kernelcache.stores.disk import DiskStore
+from kernelcache.stores.disk import store as disk_module
+from kernelcache.stores.memory import MemoryStore
+from kernelcache.stores.redis import RedisStore
+from kernelcache.stores.sqlite import SQLiteStore
+from kernelcache.stores.sqlite import store as sqlite_module
+from kernelcache.testing import StoreContract, StoreFactory
 
 
-def make_entry(tag: str, size: int = 1000) -> Entry:
-    return Entry({"data": tag.encode().ljust(size, b".")}, meta={"tag": tag})
+def closing(make: StoreFactory) -> Iterator[StoreFactory]:
+    """``make`` wrapped so that every store it made is closed at the end of the test."""
+    made: list[Store] = []
+
+    def factory(**options: object) -> Store:
+        made.append(make(**options))
+        return made[-1]
+
+    yield factory
+    for store in made:
+        store.close()
 
 
-def one_shard_keys(prefix: str) -> Iterator[str]:
-    """Keys that DiskStore puts in one shard: its caps hold per shard (1/16 of the
-    cap each, see its docstring), so LRU order is only global within a shard."""
-    i = 0
-    while True:
-        key = f"{prefix}{i:05d}"
-        if disk_space.shard_of(key) == "0":
-            yield key
-        i += 1
+class TestMemory(StoreContract):
+    persistent = False
+
+    @pytest.fixture
+    def store_factory(self) -> Iterator[StoreFactory]:
+        yield from closing(MemoryStore)
 
 
-@pytest.fixture
-def touch_every_hit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Persistent tiers refresh the LRU clock at most once a minute; tests need every hit."""
-    monkeypatch.setattr(disk, "TOUCH_INTERVAL", 0.0)
-    monkeypatch.setattr(sqlite, "TOUCH_INTERVAL", 0.0)
+class TestDisk(StoreContract):
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path) -> Iterator[StoreFactory]:
+        yield from closing(lambda **options: DiskStore(tmp_path / "disk", **options))
+
+    @pytest.fixture
+    def touch_every_hit(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(disk_module, "TOUCH_INTERVAL", 0.0)
 
 
-def tick() -> None:
-    """Let the clock move past file-system timestamp granularity (a few ms on Linux)."""
-    time.sleep(0.02)
+class TestSQLite(StoreContract):
+    @pytest.fixture
+    def store_factory(self, tmp_path: Path) -> Iterator[StoreFactory]:
+        yield from closing(lambda **options: SQLiteStore(tmp_path / "cache.sqlite", **options))
+
+    @pytest.fixture
+    def touch_every_hit(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(sqlite_module, "TOUCH_INTERVAL", 0.0)
 
 
-def test_round_trip_is_byte_for_byte(store: Store) -> None:
-    store.put("k1", Entry(ARTIFACTS, meta={"name": "add", "n": [1, 2.5, None]}))
-    got = store.get("k1")
-    assert got is not None
-    assert got.names == list(ARTIFACTS)
-    for name, data in ARTIFACTS.items():
-        assert got[name] == data
-    assert got.meta == {"name": "add", "n": [1, 2.5, None]}
+def redis_factory(url: str, tmp_path: Path) -> Iterator[StoreFactory]:
+    # One namespace per test, like one directory per test for the disk tier: two
+    # stores made by the same test share their entries. The contract is not about
+    # time: a loaded CI machine may stall a call past the default 0.5 s (tests of
+    # the timeout set their own).
+    namespace = "t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
+    yield from closing(
+        lambda read_only=False: RedisStore(url, namespace=namespace, read_only=read_only, timeout=5.0)
+    )
 
 
-def test_entry_path_is_a_real_file_with_the_bytes(store: Store) -> None:
-    store.put("k1", Entry(ARTIFACTS))
-    got = store.get("k1")
-    assert got is not None
-    for name, data in ARTIFACTS.items():
-        with open(got.path(name), "rb") as f:
-            assert f.read() == data
+class TestRedis(StoreContract):
+    capped = False
+
+    @pytest.fixture
+    def store_factory(self, redis_server: object, tmp_path: Path) -> Iterator[StoreFactory]:
+        yield from redis_factory(redis_server.url, tmp_path)  # type: ignore[attr-defined]
 
 
-def test_miss_is_none(store: Store) -> None:
-    assert store.get("absent") is None
-    assert store.counters.misses == 1
-    assert store.counters.hits == 0
+class TestRedisCluster(StoreContract):
+    capped = False
 
-
-def test_same_entry_under_two_keys(store: Store) -> None:
-    entry = make_entry("shared")
-    store.put("a", entry)
-    store.put("b", entry)
-    assert store.get("a") == entry
-    assert store.get("b") == entry
-    assert sorted(store.keys()) == ["a", "b"]
-
-
-def test_overwrite_replaces(store: Store) -> None:
-    store.put("k", make_entry("old", 5000))
-    store.put("k", make_entry("new", 100))
-    got = store.get("k")
-    assert got is not None and got.meta == {"tag": "new"}
-    assert list(store.keys()) == ["k"]
-    count, size = store.usage()
-    assert count == 1
-    assert size < 5000  # the old entry's bytes are no longer counted
-
-
-def test_delete(store: Store) -> None:
-    store.put("k", make_entry("x"))
-    store.put("other", make_entry("y"))
-    assert store.delete("k") is True
-    assert store.get("k") is None
-    assert store.delete("k") is False
-    assert store.get("other") == make_entry("y")
-    assert store.counters.deletes == 1
-    assert store.usage()[0] == 1
-
-
-def test_keys_scan_and_usage_agree(store: Store) -> None:
-    entries = {f"key{i}": make_entry(str(i), 500 + 100 * i) for i in range(10)}
-    for key, entry in entries.items():
-        store.put(key, entry)
-    assert sorted(store.keys()) == sorted(entries)
-    infos = {info.key: info for info in store.scan()}
-    assert sorted(infos) == sorted(entries)
-    for key, info in infos.items():
-        assert info.size >= entries[key].nbytes  # packed tiers add their header
-    assert store.usage() == (10, sum(info.size for info in infos.values()))
-
-
-def test_clear(store: Store) -> None:
-    for i in range(5):
-        store.put(f"k{i}", make_entry(str(i)))
-    assert store.clear() == 5
-    assert list(store.keys()) == []
-    assert store.usage() == (0, 0)
-    store.put("again", make_entry("again"))  # still usable
-    assert store.get("again") == make_entry("again")
-
-
-def test_read_only_refuses_writes_and_keeps_data(store: Store) -> None:
-    store.put("k", make_entry("kept"))
-    store.read_only = True
-    with pytest.raises(ReadOnlyStoreError):
-        store.put("k", make_entry("replaced"))
-    with pytest.raises(ReadOnlyStoreError):
-        store.put("new", make_entry("new"))
-    with pytest.raises(ReadOnlyStoreError):
-        store.delete("k")
-    with pytest.raises(ReadOnlyStoreError):
-        store.clear()
-    assert issubclass(ReadOnlyStoreError, StoreError)  # the Cache treats it as a tier failure
-    assert store.get("k") == make_entry("kept")
-    assert list(store.keys()) == ["k"]
-
-
-def test_reopened_read_only_sees_data(store_factory: StoreFactory) -> None:
-    writer = store_factory()
-    if writer.kind == "memory":
-        pytest.skip("the memory tier is not persistent")
-    writer.put("k", make_entry("kept"))
-    writer.close()
-    reader = store_factory(read_only=True)
-    assert reader.get("k") == make_entry("kept")
-    with pytest.raises(ReadOnlyStoreError):
-        reader.put("k", make_entry("other"))
-    assert store_factory().get("k") == make_entry("kept")
-
-
-BAD_KEYS = [
-    pytest.param("", id="empty"),
-    pytest.param("a/b", id="slash"),
-    pytest.param("../escape", id="dotdot"),
-    pytest.param(".hidden", id="leading-dot"),
-    pytest.param("-flag", id="leading-dash"),
-    pytest.param("sp ace", id="space"),
-    pytest.param("nul\0", id="nul"),
-    pytest.param("k" * 201, id="too-long"),
-    pytest.param("ключ", id="non-ascii"),
-    pytest.param(123, id="int"),
-    pytest.param(None, id="none"),
-    pytest.param(b"bytes", id="bytes"),
-]
-
-
-@pytest.mark.parametrize("key", BAD_KEYS)
-def test_invalid_keys_raise_value_error(store: Store, key: object) -> None:
-    with pytest.raises(ValueError, match="invalid cache key"):
-        store.put(key, make_entry("x"))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="invalid cache key"):
-        store.delete(key)  # type: ignore[arg-type]
-    # get may skip validation on a hot path (memory), but never finds anything.
-    with contextlib.suppress(ValueError):
-        assert store.get(key) is None  # type: ignore[arg-type]
-    assert list(store.keys()) == []
-
-
-def test_valid_key_forms(store: Store) -> None:
-    for key in ("a", "A_b-c.d", "0" * 64, "k" * 200, "_x", "a.b"):
-        store.put(key, make_entry(key))
-    for key in ("a", "A_b-c.d", "0" * 64, "k" * 200, "_x", "a.b"):
-        assert store.get(key) == make_entry(key)
-
-
-@pytest.mark.parametrize(
-    "caps",
-    [
-        pytest.param({"max_entries": 48}, id="max_entries"),
-        pytest.param({"max_bytes": 48 * 1200}, id="max_bytes"),
-    ],
-)
-def test_lru_evicts_least_recently_used(
-    store_factory: StoreFactory, caps: dict[str, int], touch_every_hit: None
-) -> None:
-    """k0 is read after k1 and k2 were put, so k1 goes first. A disk shard holds 3
-    of these entries and cleans to 90 %, which evicts two at once (k1, k2)."""
-    store = store_factory(**caps)
-    keys = one_shard_keys("lru")
-    k0, k1, k2 = next(keys), next(keys), next(keys)
-    for key in (k0, k1, k2):
-        store.put(key, make_entry(key))
-        tick()
-    assert store.get(k0) is not None
-    tick()
-    latest = k2
-    puts = 3
-    while store.counters.evictions == 0:
-        latest = next(keys)
-        store.put(latest, make_entry(latest))
-        puts += 1
-        assert puts < 200, "no eviction under the cap"
-    assert store.get(k1) is None
-    assert store.get(k0) == make_entry(k0)
-    assert store.get(latest) == make_entry(latest)
-    assert store.usage()[0] == puts - store.counters.evictions
-
-
-@pytest.mark.parametrize(
-    "caps",
-    [
-        pytest.param({"max_entries": 32}, id="max_entries"),
-        pytest.param({"max_bytes": 16 * 4096}, id="max_bytes"),
-    ],
-)
-def test_caps_hold_after_every_put(store_factory: StoreFactory, caps: dict[str, int]) -> None:
-    """One writer, so no concurrent slack: the cap holds whenever put returns."""
-    store = store_factory(**caps)
-    for i in range(150):
-        store.put(f"key{i:03d}", make_entry(str(i), 900 + (i * 37) % 400))
-        count, size = store.usage()
-        assert count <= caps.get("max_entries", count)
-        assert size <= caps.get("max_bytes", size)
-        assert sum(info.size for info in store.scan()) == size
-    assert store.counters.evictions == 150 - store.usage()[0] > 0
-    assert store.get("key149") is not None  # the newest entry is kept
-
-
-def test_entry_larger_than_the_cap_is_not_kept(store_factory: StoreFactory) -> None:
-    store = store_factory(max_bytes=16 * 1024)
-    store.put("big", make_entry("big", 20_000))
-    assert store.get("big") is None
-    assert store.usage() == (0, 0)
-    assert store.counters.evictions >= 1
-
-
-def test_counters_move(store: Store) -> None:
-    entry = make_entry("x", 2000)
-    store.put("k", entry)
-    assert store.counters.puts == 1
-    assert store.counters.bytes_written >= entry.nbytes
-    assert store.get("k") == entry
-    assert store.get("absent") is None
-    assert store.delete("k") is True
-    counters = store.counters
-    assert (counters.hits, counters.misses, counters.deletes) == (1, 1, 1)
-    assert counters.bytes_read >= entry.nbytes
-    assert (counters.errors, counters.corrupt, counters.evictions) == (0, 0, 0)
-    stats = store.stats()
-    assert stats["kind"] == store.kind
-    assert stats["read_only"] is False
-    assert stats["hits"] == 1 and stats["puts"] == 1
-
-
-def test_context_manager_closes(store_factory: StoreFactory) -> None:
-    with store_factory() as store:
-        store.put("k", make_entry("x"))
-        assert store.get("k") == make_entry("x")
-    assert store._closed
-    if store.kind != "memory":
-        with store_factory() as reopened:
-            assert reopened.get("k") == make_entry("x")
-
-
-def test_threads_share_one_store(store: Store) -> None:
-    """Four threads mixing puts, gets and deletes on a few keys: no error, no wrong value."""
-    errors: list[BaseException] = []
-    keys = [f"t{i}" for i in range(6)]
-
-    def work(seed: int) -> None:
-        try:
-            for i in range(150):
-                key = keys[(seed * 7 + i) % len(keys)]
-                if i % 5 == 4:
-                    store.delete(key)
-                elif i % 2:
-                    store.put(key, make_entry(key, 500 + i))
-                else:
-                    got = store.get(key)
-                    assert got is None or got.meta == {"tag": key}
-                    assert got is None or got["data"].startswith(key.encode())
-        except BaseException as exc:  # re-raised in the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert store.counters.errors == 0
-    count, size = store.usage()
-    assert count == len(list(store.keys()))
-    assert size == sum(info.size for info in store.scan())
+    @pytest.fixture
+    def store_factory(self, redis_cluster: object, tmp_path: Path) -> Iterator[StoreFactory]:
+        yield from redis_factory(redis_cluster.url, tmp_path)  # type: ignore[attr-defined]

@@ -289,6 +289,11 @@ class Store(abc.ABC):
         """Release resources; the store must not be used afterwards."""
         self._closed = True
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def stats(self) -> dict[str, Any]:
         """Counters plus the tier's identity, for ``Cache.stats()``."""
         return {"kind": self.kind, "read_only": self.read_only, **self.counters.as_dict()}
