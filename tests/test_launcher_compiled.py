@@ -421,13 +421,15 @@ def test_a_stopped_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
 
 
 @needs_nvcc
-def test_server_off_means_no_request(setup: Setup) -> None:
+def test_server_off_or_read_only_means_no_request(setup: Setup) -> None:
     setup.warm()
     cold = (setup.project / "k.cubin").read_bytes()
     for value in ("0", " Off "):
         _same_cubin(setup, setup.run(KERNELCACHE_SERVER=value), cold)
+    assert stats(setup.cache)["hits"] == 2
+    _same_cubin(setup, setup.run(KERNELCACHE_READONLY="yes"), cold)
     server.stop(str(setup.cache))
-    assert stats(setup.cache)["hits"] == 2 and not answered(setup.cache)
+    assert not answered(setup.cache)
 
 
 @needs_nvcc

@@ -13,8 +13,9 @@
  *   - plain: execs nvcc (the path the server resolved) with ARGS;
  *   - no server listening: execs PYTHON -I -S SCRIPT NVCC ARGS..., the Python
  *     client, which starts a server for the next call;
- *   - anything else (a miss, KERNELCACHE_SERVER=0, a directory it is unsure
- *     of, a server that hung, died or answered something unexpected):
+ *   - anything else (a miss, KERNELCACHE_SERVER=0, KERNELCACHE_READONLY=1, a
+ *     directory it is unsure of, a server that hung, died or answered
+ *     something unexpected):
  *     execs PYTHON -m kernelcache.nvcc.launcher NVCC ARGS..., which is
  *     correct without any server.
  * Every length in a reply is checked before it is used.
@@ -131,9 +132,8 @@ static int is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* client._is_false: 0, false, no or off, any case, spaces around. */
-static int is_false(const char *value) {
-    static const char *const names[] = {"0", "false", "no", "off"};
+/* client._is_false, client._is_true: one of four words, any case, spaces around. */
+static int is_word(const char *value, const char *const names[4]) {
     if (value == NULL)
         return 0;
     while (is_space(*value))
@@ -141,11 +141,14 @@ static int is_false(const char *value) {
     size_t n = strlen(value);
     while (n > 0 && is_space(value[n - 1]))
         n--;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    for (size_t i = 0; i < 4; i++)
         if (strlen(names[i]) == n && strncasecmp(value, names[i], n) == 0)
             return 1;
     return 0;
 }
+
+static const char *const FALSE_WORDS[4] = {"0", "false", "no", "off"};
+static const char *const TRUE_WORDS[4] = {"1", "true", "yes", "on"};
 
 /* client._timeout: KERNELCACHE_SERVER_TIMEOUT seconds, else the default. */
 static double reply_timeout(void) {
@@ -496,7 +499,9 @@ int main(int argc, char **argv) {
     char **nvcc_argv = argv + 3;
     int nvcc_argc = argc - 3;
     enum fallback why = LOCAL;
-    if (!is_false(getenv("KERNELCACHE_SERVER")))
+    /* Read-only writes nothing into the cache directory, and a server would. */
+    if (!is_word(getenv("KERNELCACHE_SERVER"), FALSE_WORDS) &&
+        !is_word(getenv("KERNELCACHE_READONLY"), TRUE_WORDS))
         why = serve(nvcc_argc, nvcc_argv);
     if (why == NO_SERVER) {
         char **cmd = malloc((size_t)(argc + 2) * sizeof *cmd);
