@@ -127,7 +127,8 @@ class Setup:
         self.front = make_bin(root / "bin")
         self.cache = root / "cache"
         self.cache.mkdir(mode=0o700)
-        self.binary = install_client(self.cache, binary) if binary else client_path(self.cache)
+        if binary is not None:
+            install_client(self.cache, binary)
         self.project = root / "project"
         self.project.mkdir()
         (self.project / "k.cu").write_text(KERNEL)
