@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 
 from kernelcache import _fs
 from kernelcache.nvcc.client import PROTOCOL
@@ -60,7 +61,19 @@ TEMP_SECONDS = 3600.0
 _COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 _HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
-__all__ = ["ENV", "PREFIX", "SOURCE", "binary_name", "build", "host_name", "is_compiled_client"]
+__all__ = [
+    "ENV",
+    "PREFIX",
+    "SOURCE",
+    "binary_name",
+    "build",
+    "host_name",
+    "is_compiled_client",
+    "prune",
+    "source_hash",
+    "start",
+    "wanted",
+]
 
 
 def source_hash(source: bytes) -> str:
@@ -90,23 +103,22 @@ def is_compiled_client(pid: int) -> bool:
         return False
 
 
-def wanted(environ: dict[str, str] | os._Environ[str]) -> bool:
+def wanted(environ: Mapping[str, str]) -> bool:
+    """Whether ``KERNELCACHE_COMPILED_CLIENT`` lets the server build one (it does unless 0/off)."""
     value = environ.get(ENV, "").strip().lower()
     return value not in ("0", "false", "no", "off")
 
 
-def start(directory: str, environ: dict[str, str] | os._Environ[str]) -> threading.Thread | None:
+def start(directory: str, environ: Mapping[str, str]) -> threading.Thread | None:
     """Build this source's client for this host in the background, if it is missing and can be."""
-    if sys.platform != "linux":
-        return None
     host = host_name()
+    if sys.platform != "linux" or host is None:
+        return None
     try:
         with open(SOURCE, "rb") as f:
             source = f.read()
     except OSError:
         return None  # an installation without the C source: the Python client serves
-    if host is None:
-        return None
     name = binary_name(source, host)
     path = os.path.join(directory, name)
     prune(directory, name, time.time())
