@@ -19,11 +19,15 @@ def _launcher_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     Servers started by tests (every launcher call through the client starts
     one for its cache directory) exit after 5 idle seconds, and any still
     running under this session's temporary directory is stopped at the end.
+    They do not build the compiled client (~0.3 s of cc each, and a test of
+    the Python client must not find itself served by the C one half-way):
+    tests/test_launcher_compiled.py turns that on where it tests it.
     """
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import native, server
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KERNELCACHE_SERVER_IDLE", os.environ.get("KERNELCACHE_SERVER_IDLE", "5"))
+        mp.setenv(native.ENV, os.environ.get(native.ENV, "0"))
         yield
     for lock in tmp_path_factory.getbasetemp().rglob(server.LOCK):
         server.stop(str(lock.parent))

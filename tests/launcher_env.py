@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,3 +115,76 @@ def stats(cache_dir: Path) -> dict[str, int]:
 def reasons(cache_dir: Path) -> dict[str, int]:
     path = cache_dir / "nvcc-stats.json"
     return dict(json.loads(path.read_bytes()).get("reasons", {})) if path.exists() else {}
+
+
+class FakeServer:
+    """A listener on the launcher's socket that reads each request and sends ``reply`` (raw bytes).
+
+    It answers ``count`` connections, keeps each request, and notes whether
+    the peer was a compiled client (asked while it waits, as the server does).
+    """
+
+    def __init__(self, path: Path, reply: bytes, count: int = 1) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        old = os.umask(0o177)
+        try:  # through the directory: the path may be too long for sun_path
+            self.sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
+        finally:
+            os.umask(old)
+            os.close(dir_fd)
+        self.sock.listen(4)
+        self.reply, self.count = reply, count
+        self.requests: list[list[bytes] | None] = []
+        self.compiled: list[bool] = []
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        from kernelcache.nvcc import client, native
+
+        for _ in range(self.count):
+            conn, _ = self.sock.accept()
+            with conn:
+                cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                self.compiled.append(native.is_compiled_client(int.from_bytes(cred[:4], "little")))
+                self.requests.append(client.receive(conn))
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.thread.join(timeout=60)
+        self.sock.close()
+
+
+def client_path(cache_dir: Path) -> Path:
+    """Where ``kernelcache`` looks for the compiled client of this checkout, on this host."""
+    from kernelcache.nvcc import native
+
+    host = native.host_name()
+    assert host is not None, "this host's name cannot be part of a file name"
+    return cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), host)
+
+
+def install_client(cache_dir: Path, binary: Path) -> Path:
+    """Put ``binary`` where ``kernelcache`` looks for the compiled client, as the server would."""
+    cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target = client_path(cache_dir)
+    shutil.copyfile(binary, target)
+    target.chmod(0o700)
+    return target
+
+
+def answered(cache_dir: Path) -> dict[str, int]:
+    """What the servers of ``cache_dir`` that have exited answered, from the log.
+
+    Keys ``"python hit"``, ``"compiled fallback"``, ...: the answer and who asked.
+    """
+    found: dict[str, int] = {}
+    path = cache_dir / "launcher.log"
+    text = path.read_text() if path.exists() else ""
+    pattern = r"answered python client (.*); compiled client (.*)"
+    for line in re.findall(pattern, text):
+        for who, counts in zip(("python", "compiled"), line, strict=True):
+            for name, n in re.findall(r"(\w+)=(\d+)", counts):
+                found[f"{who} {name}"] = found.get(f"{who} {name}", 0) + int(n)
+    return found

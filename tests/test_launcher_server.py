@@ -17,7 +17,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,15 @@ from pathlib import Path
 import pytest
 
 from kernelcache.nvcc import client, server
-from launcher_env import clean_env, make_bin, server_pid, start_server, stats, wait_for
+from launcher_env import (
+    FakeServer,
+    clean_env,
+    make_bin,
+    server_pid,
+    start_server,
+    stats,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -146,32 +153,6 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
         os.kill(pid, signal.SIGCONT)
 
 
-class FakeServer:
-    """A listener on the launcher's socket that reads one request, then hangs up."""
-
-    def __init__(self, path: Path, reply: bytes) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            self.sock.bind(str(path))
-        finally:
-            os.umask(old)
-        self.sock.listen(4)
-        self.reply = reply
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        conn, _ = self.sock.accept()
-        with conn:
-            client.receive(conn)
-            conn.sendall(self.reply)
-
-    def close(self) -> None:
-        self.thread.join(timeout=60)
-        self.sock.close()
-
-
 @pytest.mark.parametrize(
     "reply",
     [
@@ -222,14 +203,34 @@ def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Setup) -> None:
     assert report["uncacheable"] == 1 and report["reasons"] == {"--version": 1}
 
 
-def test_another_protocol_makes_the_server_exit(setup: Setup) -> None:
-    warm(setup)
+def _ask_with(cache: Path, protocol: bytes) -> list[bytes] | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(setup.cache / "launcher.sock"))
-    sock.sendall(client.pack([b"kernelcache-launcher/0", b"/", b"/", b"18", b"0"]))
-    assert client.receive(sock) == [b"fallback", b"protocol"]
-    sock.close()
+    sock.connect(str(cache / "launcher.sock"))
+    sock.sendall(client.pack([protocol, b"/", b"/", b"18", b"0"]))
+    try:
+        return client.receive(sock)
+    finally:
+        sock.close()
+
+
+def test_a_newer_protocol_makes_the_server_exit(setup: Setup) -> None:
+    """A client of a later version gets its own server: this one makes way."""
+    warm(setup)
+    assert _ask_with(setup.cache, b"kernelcache-launcher/99") == [b"fallback", b"protocol"]
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the server to exit")
+
+
+@pytest.mark.parametrize("protocol", [b"kernelcache-launcher/1", b"kernelcache-launcher/x", b"?"])
+def test_an_older_or_unknown_protocol_leaves_the_server_running(
+    setup: Setup, protocol: bytes
+) -> None:
+    """Two versions sharing a directory must not make servers exit in turn."""
+    warm(setup)
+    pid = server_pid(setup.cache)
+    for _ in range(2):
+        assert _ask_with(setup.cache, protocol) == [b"fallback", b"protocol"]
+    assert setup.run().returncode == 0
+    assert server_pid(setup.cache) == pid and stats(setup.cache)["server_hits"] == 1
 
 
 def test_server_hits_are_in_the_cache_statistics(setup: Setup) -> None:

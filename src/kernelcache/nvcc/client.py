@@ -1,11 +1,15 @@
 """The launcher's client: the ``kernelcache`` executable's way to the server.
 
 ``bin/kernelcache`` (installed as ``kernelcache``, next to pip's
-``kernelcache-cli`` console script) starts this module for a launcher call
-with the interpreter pip chose, without ``site`` (``-I -S``: ``python -c
-pass`` costs ~12-16 ms here, ``python -I -S -c pass`` ~9-11 ms, and a
-ccache hit ~11-13 ms). ``python -m kernelcache`` and ``kernelcache-cli``
-come here too (:func:`main`).
+``kernelcache-cli`` console script) runs, for a launcher call, the compiled
+client the server has built (``client.c``, :mod:`kernelcache.nvcc.native`),
+which does in C what the script path of :func:`serve` does: a change here
+is made there too (tests/test_launcher_compiled.py compares what the two
+send and answer). Without it, the front starts this module with the
+interpreter pip chose, without ``site`` (``-I -S``: ``python -c pass``
+costs ~12-16 ms here, ``python -I -S -c pass`` ~9-11 ms, and a ccache hit
+~11-13 ms). ``python -m kernelcache`` and ``kernelcache-cli`` come here
+too (:func:`main`).
 
 It imports only what the interpreter has built in (``posix``, ``_socket``),
 asks the per-user server (:mod:`kernelcache.nvcc.server`) through the Unix

@@ -17,8 +17,14 @@ digests of files whose stat signature is unchanged and old enough to trust.
 Only one server runs per directory (an flock on ``DIR/launcher.lock``). It
 exits after ``KERNELCACHE_SERVER_IDLE`` seconds without a request (default
 600), when its socket is removed or replaced, on SIGTERM, or when a client
-speaks another protocol version; the next client starts a new one. No
-memory tier: a manifest another process updated must be seen at once.
+speaks a newer protocol version (the next client starts a new one); an
+older or unknown protocol gets ``fallback`` and the server stays, so two
+versions sharing a directory never make servers exit in turn. No memory
+tier: a manifest another process updated must be seen at once.
+
+Once it listens, it builds the compiled client in the background when it
+can (:mod:`kernelcache.nvcc.native`). As it exits it logs how many answers
+of each kind it gave, and how many of them went to the compiled client.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
+from kernelcache.nvcc.native import is_compiled_client
+from kernelcache.nvcc.native import start as start_build
 from kernelcache.nvcc.outputs import write_outputs
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
@@ -65,6 +73,8 @@ class Server:
         self.idle = idle
         self.caches: dict[Settings, Cache] = {}
         self.known = Identities()
+        #: (answer, whether to the compiled client) -> how many, for the log
+        self.answered: dict[tuple[str, bool], int] = {}
         self.dir_id = _identity(os.stat(self.directory))
         self.path = os.path.join(self.directory, os.fsdecode(SOCKET))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -110,6 +120,7 @@ class Server:
         cred = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
             return True  # not this user's: no answer at all
+        pid = int.from_bytes(cred[0:4], sys.byteorder)
         conn.settimeout(_REQUEST_TIMEOUT)
         try:
             request = receive(conn, _REQUEST_MAX)
@@ -117,11 +128,31 @@ class Server:
             return True
         if not request or len(request) < 5:
             return True
+        # Asked while the client waits: once answered, it may be gone.
+        compiled = is_compiled_client(pid)
         if request[0] != PROTOCOL:
-            _send(conn, [b"fallback", b"protocol"])
-            return False  # a client of another version: let it start its own server
-        _send(conn, self.answer(request[1:]))
-        return True
+            # A newer client's server takes over (its client starts it once
+            # this one is gone); an older or unknown one is answered and this
+            # server stays: two versions sharing a directory never make
+            # servers exit in turn.
+            reply, stay = [b"fallback", b"protocol"], not _newer(request[0])
+        else:
+            reply, stay = self.answer(request[1:]), True
+        _send(conn, reply)
+        key = (reply[0].decode(), compiled)
+        self.answered[key] = self.answered.get(key, 0) + 1
+        return stay
+
+    def report(self) -> str | None:
+        """What it answered, for the log (each kind for each client), or ``None`` if nothing."""
+        if not self.answered:
+            return None
+        kinds = ("hit", "plain", "fallback")
+        parts = [
+            " ".join(f"{k}={self.answered.get((k, native), 0)}" for k in kinds)
+            for native in (False, True)
+        ]
+        return f"answered python client {parts[0]}; compiled client {parts[1]}"
 
     def answer(self, request: list[bytes]) -> list[bytes]:
         cwd, directory, umask, count = request[:4]
@@ -173,11 +204,21 @@ class Server:
         self.caches.clear()
 
     def close(self) -> None:
+        report = self.report()
+        if report is not None:
+            print(f"kernelcache server: {report}", file=sys.stderr, flush=True)
         self.close_caches()
         if self._still_bound():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
         self.sock.close()
+
+
+def _newer(protocol: bytes) -> bool:
+    """Whether ``protocol`` is a later version of :data:`PROTOCOL`."""
+    name, _, version = PROTOCOL.rpartition(b"/")
+    other_name, _, other = protocol.rpartition(b"/")
+    return other_name == name and other.isdigit() and int(other) > int(version)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -273,10 +314,14 @@ def main(argv: list[str]) -> int:
     server = Server(directory, idle_seconds(os.environ))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(directory, os.fsdecode(STARTING)))
+    build = None
     try:
+        build = start_build(server.directory, os.environ)
         server.run()
     finally:
         server.close()
+        if build is not None:
+            build.join()  # each of its steps is bounded (native.STEP_TIMEOUT)
     return 0
 
 
