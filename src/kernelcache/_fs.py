@@ -151,3 +151,20 @@ def _read_all(fd: int, size: int) -> bytes:
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
+
+
+def ownership_problem(st: os.stat_result, *, allow_root: bool = True) -> str | None:
+    """Why a directory with status ``st`` (from ``lstat``) must not be trusted, or ``None``.
+
+    Owned by this user (or root, with ``allow_root``), not writable by group or
+    others (ssh's rule): anyone else who can write there can plant entries that
+    a compile returns, or a program that a launcher runs.
+    """
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    owners = (os.geteuid(), 0) if allow_root else (os.geteuid(),)
+    if st.st_uid not in owners:
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None

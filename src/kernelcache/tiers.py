@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from kernelcache import _fs
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.settings import Settings
 from kernelcache.stats import Recorder
 from kernelcache.stores.base import Store
 from kernelcache.stores.disk import DiskStore
-from kernelcache.stores.disk.layout import ownership_problem
 from kernelcache.stores.memory import MemoryStore
 
 #: The SQLite tier's file under the cache directory (``KERNELCACHE_LOCAL=sqlite``).
@@ -57,7 +57,7 @@ def settings_dir(settings: Settings) -> str | None:
         st = os.stat(settings.dir)
     except OSError:
         return settings.dir  # not made yet: whoever makes it makes it private
-    return settings.dir if ownership_problem(st) is None else None
+    return settings.dir if _fs.ownership_problem(st) is None else None
 
 
 def local_tier(settings: Settings) -> Store:

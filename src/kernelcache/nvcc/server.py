@@ -38,6 +38,7 @@ import socket
 import sys
 import time
 
+from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
@@ -253,8 +254,8 @@ def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
 
 
 def _private(directory: str) -> bool:
-    st = os.lstat(directory)
-    return os.path.isdir(directory) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    # Stricter than the disk tier: not even root's, since a program runs from here.
+    return _fs.ownership_problem(os.lstat(directory), allow_root=False) is None
 
 
 def stop(directory: str, timeout: float = 10.0) -> bool:

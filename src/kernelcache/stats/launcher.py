@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from kernelcache.settings import Settings
+    from kernelcache import _fs
+from kernelcache.settings import Settings
 
 STATS_FILE = "nvcc-stats.json"
 
@@ -90,11 +91,10 @@ def _add(
 
 
 def _safe(folder: str) -> bool:
-    """Whether the disk tier would use ``folder`` (see :func:`ownership_problem`)."""
-    from kernelcache.stores.disk.layout import ownership_problem
+    """Whether the disk tier would use ``folder`` (see :func:`kernelcache._fs.ownership_problem`)."""
 
     try:
-        return ownership_problem(os.stat(folder)) is None
+        return _fs.ownership_problem(os.stat(folder)) is None
     except FileNotFoundError:
         return True  # made private by whoever makes it
     except OSError:

@@ -30,6 +30,7 @@ import time
 
 import xxhash
 
+from kernelcache import _fs
 from kernelcache._fs import unique
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import is_valid_key
@@ -80,21 +81,6 @@ def entry_key(name: str, st: os.stat_result, shard: str) -> str | None:
 def is_tag(text: str) -> bool:
     """Whether ``text`` is a folder tag, ``[0-9a-f]{16}``, checked without importing ``re``."""
     return len(text) == TAG_LENGTH and not text.strip("0123456789abcdef")
-
-
-def ownership_problem(st: os.stat_result) -> str | None:
-    """Why a directory with status ``st`` must not be trusted, or ``None``.
-
-    Owned by this user or root, not writable by group or others (ssh's rule):
-    anyone else who can write there can plant entries that a compile returns.
-    """
-    if not stat.S_ISDIR(st.st_mode):
-        return "it is not a directory"
-    if st.st_uid not in (os.geteuid(), 0):
-        return f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
-    if st.st_mode & 0o022:
-        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
 
 
 def tree_size(folder: str) -> int:
@@ -205,7 +191,7 @@ class Layout:
             else:
                 with os.fdopen(fd, "w") as f:
                     f.write(_CACHEDIR_TAG)
-        problem = ownership_problem(st)
+        problem = _fs.ownership_problem(st)
         if problem is not None:
             self.refused()
             fix = "" if not stat.S_ISDIR(st.st_mode) else "`chmod go-w` it (as its owner) or "
@@ -263,7 +249,7 @@ class Layout:
             remove_tree(path)
             os.mkdir(path, 0o700)
             st = os.lstat(path)
-        problem = ownership_problem(st)
+        problem = _fs.ownership_problem(st)
         if problem is not None:
             self.refused()
             raise UnsafeDirectory(f"refusing {path}: {problem}")
@@ -280,7 +266,7 @@ class Layout:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o700)
             st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and ownership_problem(st) is None:
+        if stat.S_ISDIR(st.st_mode) and _fs.ownership_problem(st) is None:
             return True
         self.refused()
         if not create:
