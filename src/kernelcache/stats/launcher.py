@@ -12,11 +12,12 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from kernelcache import _fs
+
 if TYPE_CHECKING:
     from typing import Any
 
-    from kernelcache import _fs
-from kernelcache.settings import Settings
+    from kernelcache.settings import Settings
 
 STATS_FILE = "nvcc-stats.json"
 
@@ -92,7 +93,6 @@ def _add(
 
 def _safe(folder: str) -> bool:
     """Whether the disk tier would use ``folder`` (see :func:`kernelcache._fs.ownership_problem`)."""
-
     try:
         return _fs.ownership_problem(os.stat(folder)) is None
     except FileNotFoundError:
