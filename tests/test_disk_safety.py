@@ -283,16 +283,16 @@ def test_a_failed_extraction_leaves_nothing_in_staging(
     store.put(KEY, entry())
     got = store.get(KEY)
     assert got is not None
-    real_write = os.write
+    real_writev = os.writev
     writes = []
 
-    def disk_full(fd: int, data: bytes) -> int:
+    def disk_full(fd: int, buffers: list[bytes]) -> int:
         writes.append(fd)
         if len(writes) > 1:  # the first artifact is written, then the disk is full
             raise OSError(28, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(os, "write", disk_full)
+    monkeypatch.setattr(os, "writev", disk_full)
     path = Path(got.path("kernel.cubin"))
     monkeypatch.undo()
     assert path.read_bytes() == ARTIFACT  # a private copy serves the loader
