@@ -196,7 +196,7 @@ class Layout:
                 raise
             self.refused()  # replaced by a link or a file since it was checked
             raise UnsafeDirectory(f"{path} is not a directory (a link or a file)") from None
-        problem = ownership_problem(os.fstat(fd))
+        problem = _fs.ownership_problem(os.fstat(fd))
         if problem is not None:
             os.close(fd)
             self.refused()
