@@ -236,9 +236,20 @@ def targets(rows: list[Row], memory: list[Row], scale: list[Row]) -> list[dict[s
             peer.median if peer else None,
             f"{_ratio(disk, peer)} ({peer.name})" if disk and peer else "",
         )
-    for name, guarantee in ((ct.Disk.name, ct.ATOMIC), (ct.DiskDurable.name, ct.ATOMIC_FSYNC)):
+    raw_puts = (
+        (ct.Disk.name, ct.ATOMIC, ct.RawRead.name, "tmp+rename"),
+        (ct.DiskDurable.name, ct.ATOMIC_FSYNC, ct.RawFsync.name, "tmp+fsync+rename"),
+    )
+    for name, guarantee, raw_name, raw_label in raw_puts:
         for size in SIZES:
             mine = find.get(("put", size, name))
+            raw_put = find.get(("put", size, raw_name))
+            check(
+                f"{name.split()[-1]} put ≤ raw {raw_label} at {_size(size)}",
+                mine.median if mine else None,
+                raw_put.median if raw_put else None,
+                _ratio(mine, raw_put) if mine else "",
+            )
             peer = reference(rows, "put", size, guarantee)["peer"]
             check(
                 f"{name.split()[-1]} put ≤ fastest {guarantee} peer at {_size(size)}",
@@ -272,13 +283,41 @@ def targets(rows: list[Row], memory: list[Row], scale: list[Row]) -> list[dict[s
 
 
 def machine(root: str) -> dict[str, Any]:
+    """What the figures were taken on: CPU, cores, Python, kernel, the file system under test."""
     return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "loadavg": os.getloadavg(),
+        "fs": file_system(root),
+        "loadavg": tuple(round(x, 2) for x in os.getloadavg()),
         "dir": root,
     }
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def file_system(path: str) -> str:
+    """``type (device, options)`` of the mount holding ``path``, from /proc/mounts."""
+    best = ("", "unknown")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                device, point, kind, options = line.split()[:4]
+                if (path + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best[0]):
+                    best = (point, f"{kind} ({device}, {options})")
+    except OSError:
+        pass
+    return best[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(root, ignore_errors=True)
     verdicts = targets(rows, memory, scale)
     info.update(seconds=round(time.perf_counter() - started, 1), timer_overhead_ns=overhead)
-    info["loadavg_after"] = os.getloadavg()
+    info["loadavg_after"] = tuple(round(x, 2) for x in os.getloadavg())
     print(f"# kernelcache store benchmark ({mode_name})\n")
     print(" ".join(f"{k}={v}" for k, v in info.items()) + "\n")
     print(table(rows) + "\n")

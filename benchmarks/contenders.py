@@ -249,6 +249,49 @@ class FileStream(Contender):
         self.cache.close()
 
 
+class TritonFiles(Contender):
+    """Triton's ``FileCacheManager``: a directory per key, a file per artifact.
+
+    A put writes the file in a temporary directory and renames it into place
+    (atomic, no fsync); a hit is ``get_file`` (an existence check) and reading
+    the file, as Triton loads a kernel. One manager per key, made by the put
+    and kept: Triton makes one per compile, which would add a ``makedirs``.
+    """
+
+    name = "Triton FileCacheManager"
+    peer = True
+
+    def open(self, path: str) -> None:
+        try:
+            from triton.runtime.cache import FileCacheManager
+        except ImportError as exc:
+            raise Unavailable(f"triton not installed: {exc}") from exc
+        os.makedirs(path)
+        self._saved = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = path  # read by each manager it makes
+        self._cls = FileCacheManager
+        self.managers: dict[str, Any] = {}
+
+    def prepare(self, value: bytes) -> None:
+        self.value = value
+
+    def get(self, key: str) -> bytes:
+        path = self.managers[key].get_file("kernel.cubin")
+        with open(path, "rb") as f:
+            data: bytes = f.read()
+        return data
+
+    def put(self, key: str) -> None:
+        manager = self.managers[key] = self._cls(key)
+        manager.put(self.value, "kernel.cubin")
+
+    def close(self) -> None:
+        if self._saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = self._saved
+
+
 #: In table order.
 ALL: tuple[type[Contender], ...] = (
     RawRead,
@@ -260,6 +303,7 @@ ALL: tuple[type[Contender], ...] = (
     SQLite,
     DiskCache,
     FileStream,
+    TritonFiles,
 )
 
 

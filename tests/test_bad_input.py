@@ -14,7 +14,7 @@ import xxhash
 
 from kernelcache import Cache, ConfigError, DiskStore, Entry, MemoryStore, Settings, StoreError
 from kernelcache.bundle import BundleError, import_bundle
-from kernelcache.entry import MAX_ARTIFACTS, header_size
+from kernelcache.entry_format import MAX_ARTIFACTS, header_size
 from kernelcache.stores.sqlite import SQLiteStore
 
 KEY = "k" * 32

@@ -174,18 +174,18 @@ def test_a_disk_that_fills_half_way_leaves_nothing_behind(
 ) -> None:
     store = DiskStore(tmp_path / "c")
     store.put("before", Entry({"x": b"kept"}))
-    real_write = os.write
+    real_writev = os.writev
     written = [0]
 
-    def fills_up(fd: int, data: Any) -> int:
-        written[0] += len(data)
+    def fills_up(fd: int, buffers: Any) -> int:
+        written[0] += sum(map(len, buffers))
         if written[0] > 100_000:  # the third entry does not fit
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    # Entries are written with os.write (the spool, a buffered file, is not): the
+    # Entries are written with os.writev (the spool, a buffered file, is not): the
     # bundle is read and spooled whole, then the disk fills while importing.
-    monkeypatch.setattr(os, "write", fills_up)
+    monkeypatch.setattr(os, "writev", fills_up)
     with pytest.raises(StoreError):
         import_bundle(io.BytesIO(bundle_bytes(BIG)), store)
     monkeypatch.undo()

@@ -13,7 +13,7 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from kernelcache.cache import Cache
-from kernelcache.cuda_core import KEY_PREFIX, ProgramCache, cache_key
+from kernelcache.cuda_core import KEY_PREFIX, ProgramCache, cache_key, header_digest
 from kernelcache.entry import Entry
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
@@ -127,3 +127,48 @@ def test_default_cache_uses_kernelcache_dir(
     assert (tmp_path / "env" / "v1" / "entries").is_dir()
     with disk_cache(tmp_path / "env") as other:
         assert ProgramCache(other)["k"] == b"v"
+
+
+class _Sneaky(bytes):
+    """Equal to (and hashing like) b"a": must never be taken for an already-derived key."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash(b"a")
+
+
+def test_cache_keys_are_remembered_for_plain_bytes_and_str_only() -> None:
+    assert cache_key(b"a") == cache_key("a") == cache_key(b"a")  # the second time remembered
+    assert cache_key(_Sneaky(b"b")) == cache_key(b"b") != cache_key(b"a")
+    assert cache_key(bytearray(b"a")) == cache_key(b"a")
+
+
+def _project(root: Path, header: str = "#define SCALE 2\n") -> ProgramOptions:
+    (root / "inc").mkdir(parents=True)
+    (root / "inc" / "scale.cuh").write_text(header)
+    return ProgramOptions(arch="sm_90", include_path=[str(root / "inc")])
+
+
+HEADER_SOURCE = '#include "scale.cuh"\nextern "C" __global__ void k(int* x) { *x = SCALE; }\n'
+
+
+def test_header_digest_follows_content_not_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    here = header_digest(HEADER_SOURCE, _project(tmp_path / "a"))
+    assert header_digest(HEADER_SOURCE, _project(tmp_path / "copy")) == here
+    assert header_digest(HEADER_SOURCE, _project(tmp_path / "other", "#define SCALE 3\n")) != here
+    # A header created where NVRTC looks first (the program's directory) shadows it.
+    (tmp_path / "scale.cuh").write_text("#define SCALE 4\n")
+    assert header_digest(HEADER_SOURCE, _project(tmp_path / "b")) != here
+
+
+def test_header_digest_refuses_what_it_cannot_see(tmp_path: Path) -> None:
+    options = _project(tmp_path)
+    with pytest.raises(ValueError, match="use_pch"):
+        header_digest(HEADER_SOURCE, ProgramOptions(arch="sm_90", use_pch=True))
+    with pytest.raises(ValueError, match="chosen by a macro"):
+        header_digest("#include HEADER\n", options)

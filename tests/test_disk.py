@@ -216,20 +216,21 @@ def test_failed_write_leaves_no_staging_litter(
     real_write = os.write
     calls = []
 
-    def write_then_fail(fd: int, data: Any) -> int:
+    def write_then_fail(fd: int, buffers: Any) -> int:
         calls.append(fd)
         if len(calls) > 1:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, bytes(data)[:100])  # a short write first
+        return real_write(fd, b"".join(buffers)[:100])  # a short write first
 
-    monkeypatch.setattr(os, "write", write_then_fail)
+    # Files are written with one os.writev (kernelcache._fs.write_new).
+    monkeypatch.setattr(os, "writev", write_then_fail)
     with pytest.raises(StoreError):
         store.put("k", entry_of("k"))
     monkeypatch.undo()
     assert staging_items(store) == []
     assert list(store.keys()) == []
     # Through the Cache the same failure is a counted miss, not an exception.
-    monkeypatch.setattr(os, "write", write_then_fail)
+    monkeypatch.setattr(os, "writev", write_then_fail)
     calls.clear()
     cache = Cache([store])
     cache.put("k", entry_of("k"))
@@ -418,3 +419,30 @@ def test_what_the_shard_accounting_left_is_removed_on_open(tmp_path: Path) -> No
     assert reopened.get("k") == entry_of("k")
     assert reopened.usage() == (1, entry_file(store, "k").stat().st_size)
     DiskStore(root, read_only=True)  # a read-only open removes nothing (nothing left to see)
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["whole", "short-writes"])
+def test_an_entry_of_more_parts_than_one_writev_takes_is_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: bool
+) -> None:
+    """Entries go out in one writev of at most IOV_MAX buffers; the rest, and whatever a
+    short write left, follow (the file is then the packed entry, byte for byte)."""
+    artifacts = {f"a{i}": bytes([i % 251]) * (i % 7) for i in range(2500)}
+    real_writev = os.writev
+    calls = []
+
+    def writev(fd: int, buffers: list[bytes]) -> int:
+        calls.append(len(buffers))
+        if short:  # the kernel may take less than it was given: here, about half
+            joined = b"".join(buffers)
+            return os.write(fd, joined[: max(1, len(joined) // 2)])
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", writev)
+    with DiskStore(tmp_path / "c") as store:
+        store.put("k", Entry(artifacts))
+        monkeypatch.undo()
+        assert entry_file(store, "k").read_bytes() == Entry(artifacts).pack("k")
+        got = store.get("k")
+        assert got is not None and dict(got) == artifacts
+    assert max(calls) <= 1024 and len(calls) > 2

@@ -4,6 +4,7 @@ blindly; a directory others can write to is refused (issue 10)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
@@ -189,6 +190,42 @@ def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
     assert calls == [1] and got["kernel.cubin"] == b"mine"
 
 
+def test_a_shard_directory_swapped_for_a_link_after_use_is_not_followed(tmp_path: Path) -> None:
+    """Hits open entries relative to the shard directory that was checked, so a link put
+    in its place later leads nowhere (a path walk would follow it to a planted entry)."""
+    root = tmp_path / "c"
+    store = DiskStore(root)
+    store.put(KEY, entry())
+    assert store.get(KEY) == entry()  # the shard directory is checked and in use now
+    planted = outside(tmp_path)
+    (planted / f"{KEY}.kce").write_bytes(Entry({"kernel.cubin": b"planted"}).pack(KEY))
+    shard = root / "v1" / "entries" / shard_of(KEY)
+    shard.rename(tmp_path / "moved-away")
+    shard.symlink_to(planted)
+    got = store.get(KEY)
+    assert got is None or got["kernel.cubin"] == ARTIFACT
+
+
+def test_a_store_closes_the_directories_it_opened(tmp_path: Path) -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    gc.collect()  # what earlier tests left to the collector
+    before = open_fds()
+    store = DiskStore(tmp_path / "c")
+    keys = [f"k{i}" for i in range(64)]  # every shard
+    for key in keys:
+        store.put(key, entry())
+        assert store.get(key) is not None
+    assert open_fds() > before
+    store.close()
+    assert open_fds() == before
+    assert store.get(keys[0]) == entry()  # opened again if used after all
+    del store  # and closed when the store is collected
+    gc.collect()
+    assert open_fds() == before
+
+
 # Directories others can write to ------------------------------------------
 def poisoned(tmp_path: Path, how: str) -> Path:
     """A cache directory someone else prepared, with an entry planted for KEY."""
@@ -283,16 +320,16 @@ def test_a_failed_extraction_leaves_nothing_in_staging(
     store.put(KEY, entry())
     got = store.get(KEY)
     assert got is not None
-    real_write = os.write
+    real_writev = os.writev
     writes = []
 
-    def disk_full(fd: int, data: bytes) -> int:
+    def disk_full(fd: int, buffers: list[bytes]) -> int:
         writes.append(fd)
         if len(writes) > 1:  # the first artifact is written, then the disk is full
             raise OSError(28, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(os, "write", disk_full)
+    monkeypatch.setattr(os, "writev", disk_full)
     path = Path(got.path("kernel.cubin"))
     monkeypatch.undo()
     assert path.read_bytes() == ARTIFACT  # a private copy serves the loader

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernelcache.entry import MAGIC, Entry
+from kernelcache.entry import Entry
+from kernelcache.entry_format import MAGIC
 from kernelcache.errors import CorruptEntry
 
 names = st.text(

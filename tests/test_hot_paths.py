@@ -8,8 +8,8 @@ import pytest
 import xxhash
 
 from kernelcache import CorruptEntry, DiskStore, Entry
-from kernelcache import entry as entry_module
-from kernelcache.entry import PREFIX_SIZE, header_size, parse_header, validate_name
+from kernelcache import entry_format as entry_module
+from kernelcache.entry_format import PREFIX_SIZE, header_size, parse_header, validate_name
 from kernelcache.stores import base
 from kernelcache.stores.base import validate_key
 

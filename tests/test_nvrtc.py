@@ -14,8 +14,8 @@ pytest.importorskip("cuda.bindings.nvrtc")
 
 from kernelcache import _fs, nvrtc, toolchain
 from kernelcache.cache import Cache
-from kernelcache.nvrtc import compiler as nvrtc_compiler
 from kernelcache.nvrtc import includes
+from kernelcache.nvrtc import key as nvrtc_key
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
@@ -107,7 +107,7 @@ def scan_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     to vouch for them, so "memoized" lifts that rule: the memo must then
     notice every change from ``stat`` alone.
     """
-    monkeypatch.setattr(nvrtc_compiler, "_key_memo", {})
+    monkeypatch.setattr(nvrtc_key, "memo", nvrtc_key.KeyMemo())
     monkeypatch.setattr(includes, "_parsed", {})
     if request.param == "memoized":
         monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)
@@ -120,7 +120,7 @@ def test_file_changes_that_must_change_the_key(
 ) -> None:
     _age(project)
     before = key()
-    assert bool(nvrtc_compiler._key_memo) == (scan_mode == "memoized")
+    assert bool(len(nvrtc_key.memo)) == (scan_mode == "memoized")
     change(project)
     assert key() != before
 

@@ -30,6 +30,8 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 #: Files :func:`holds` remembers per table before it starts over.
 PINS_MAX = 4096
+#: Buffers one ``writev`` takes at most (IOV_MAX on Linux and macOS).
+_IOV_MAX = 1024
 
 
 def unique() -> str:
@@ -59,17 +61,35 @@ def write_new(
 
     For files in a private staging area, published afterwards by a rename.
     ``durable`` adds an ``fsync`` before returning.
+
+    The parts go out in one ``writev``, not one ``write`` each: a file
+    written in one call gets large page-cache folios (ext4, XFS), which the
+    kernel copies to a reader in far fewer steps. A 1 MiB entry written as
+    header, then data read ~12 us (25 %) slower on every hit than one
+    written whole (measured with benchmarks/bench_stores.py).
     """
     fd = os.open(path, _CREATE, mode)
     try:
-        for part in parts:
-            view = memoryview(part)
-            while view:
-                view = view[os.write(fd, view) :]
+        _write_all(fd, parts)
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    pending = [part for part in parts if len(part)]
+    while pending:
+        batch = pending[:_IOV_MAX]
+        written = os.writev(fd, batch)
+        # A short write (a signal, a full disk that frees up) leaves the rest pending.
+        for index, part in enumerate(batch):
+            if written < len(part):
+                pending[: index + 1] = [memoryview(part)[written:]]
+                break
+            written -= len(part)
+        else:
+            del pending[: len(batch)]
 
 
 def write_atomic(

@@ -15,10 +15,21 @@ ABC requires; :meth:`ProgramCache.get_object_code` rebuilds the full
 
 Users get kernelcache's tiers, size caps, integrity checks, statistics and,
 with ``KERNELCACHE_REMOTE``, the team tier.
+
+``Program.compile(cache=...)`` refuses options that pull in header files
+(``include_path``, ``pre_include``, a ``name`` with a directory): cuda.core
+cannot see their content, so the caller must pass it as ``extra_digest`` to
+``make_program_cache_key``. :func:`header_digest` is that digest, found as
+:mod:`kernelcache.nvrtc` finds headers and just as cheap on a warm call::
+
+    key = make_program_cache_key(code=src, code_type="c++", options=opts,
+                                 target_type="cubin", extra_digest=header_digest(src, opts))
+    code = ProgramCache().get(key)   # None on a miss: compile, then cache[key] = obj
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +43,11 @@ except ModuleNotFoundError as exc:
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.keys import KeyBuilder
+from kernelcache.nvrtc import includes
+from kernelcache.nvrtc.key import KeyMemo
 
 if TYPE_CHECKING:
-    from cuda.core import ObjectCode
+    from cuda.core import ObjectCode, ProgramOptions
 
     from kernelcache.cache import Cache
     from kernelcache.stores.base import Store
@@ -53,15 +66,98 @@ _LOADERS = {
 }
 
 
+# cache_key is a pure function asked on every hit with the same few keys:
+# remembered (~4 us a call otherwise). Plain bytes and str only: a subclass
+# could make unequal keys compare equal. Bounded; cleared when full.
+_KEYS: dict[bytes | str, str] = {}
+_KEYS_MAX = 4096
+
+
 def cache_key(key: bytes | str) -> str:
     """The kernelcache key for a cuda.core key (``"k"`` and ``b"k"`` are the same key)."""
+    plain = type(key) is bytes or type(key) is str
+    if plain:
+        known = _KEYS.get(key)
+        if known is not None:
+            return known
     if isinstance(key, str):
         raw = key.encode("utf-8")
     elif isinstance(key, (bytes, bytearray)):
         raw = bytes(key)
     else:
         raise TypeError(f"cache keys must be bytes or str, got {type(key).__name__}")
-    return KEY_PREFIX + KeyBuilder("kernelcache.cuda_core").add("key", raw).hexdigest()
+    derived = KEY_PREFIX + KeyBuilder("kernelcache.cuda_core").add("key", raw).hexdigest()
+    if plain:
+        if len(_KEYS) >= _KEYS_MAX:
+            _KEYS.clear()
+        _KEYS[key] = derived
+    return derived
+
+
+#: Options whose files header_digest cannot fingerprint. Value: why.
+_UNKEYABLE = {
+    "pch": "reads and writes precompiled headers outside the key",
+    "use_pch": "reads a precompiled header whose content is not part of the key",
+    "pch_dir": "reads and writes precompiled headers in a directory outside the key",
+    "create_pch": "writes a precompiled header file, which a cache hit would not do",
+}
+#: This process's header digests, each valid while the files it read keep their stat
+#: signatures (the mechanism of kernelcache.nvrtc's keys; tests replace it).
+digests = KeyMemo()
+
+
+def header_digest(code: str | bytes, options: ProgramOptions) -> bytes:
+    """``extra_digest`` for ``make_program_cache_key``: the content of every header ``code``
+    reaches, transitively, through ``options.include_path``, ``options.pre_include`` and the
+    directory of ``options.name`` (NVRTC's search rules, as :mod:`kernelcache.nvrtc.includes`
+    follows them).
+
+    Files are named by their place in the search (not their absolute path),
+    so a copy of a project gets the same digest; with ``debug`` or
+    ``lineinfo`` the paths are part of it too (they end up in the binary).
+    A warm call costs a ``stat`` per header read: a header whose stat
+    signature is unchanged is not read again, one younger than the
+    timestamp granularity is never trusted. Raises ``ValueError`` for
+    options or includes that cannot be fingerprinted (PCH, ``#include MACRO``).
+    """
+    for field, why in _UNKEYABLE.items():
+        if getattr(options, field, None):
+            raise ValueError(f"ProgramOptions.{field} cannot be fingerprinted: it {why}")
+    name = options.name or ""
+    dirs = _strings(options.include_path)
+    pre = _strings(options.pre_include)
+    own_dir = not options.no_source_include
+    paths = bool(options.debug or options.lineinfo)
+    args: tuple[Any, ...] | None = None
+    if {type(code), type(name), *map(type, dirs), *map(type, pre)} <= {str, bytes}:
+        args = (os.getcwd(), code, name, tuple(dirs), tuple(pre), own_dir, paths)
+        known = digests.lookup(args)
+        if known is not None:
+            return bytes.fromhex(known)
+    found = includes.scan(
+        code.encode() if isinstance(code, str) else bytes(code),
+        source_dir=os.path.dirname(name) if own_dir else None,
+        include_dirs=dirs,
+        headers={},
+        pre_includes=pre,
+        path_sensitive=paths,
+    )
+    builder = KeyBuilder("kernelcache.cuda_core.headers")
+    builder.add("included", [list(row) for row in found.rows]).add("pre_includes", pre)
+    builder.add("paths", found.paths + ([os.getcwd()] if paths else []))
+    digest = builder.hexdigest()
+    if args is not None:
+        digests.remember(args, digest, found)
+    return bytes.fromhex(digest)
+
+
+def _strings(value: object) -> list[str]:
+    """A ``str``-or-sequence option of ProgramOptions as a list."""
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [os.fspath(value)]
+    return [os.fspath(v) for v in value]  # type: ignore[attr-defined]
 
 
 def _to_entry(value: object) -> Entry:

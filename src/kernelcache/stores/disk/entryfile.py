@@ -6,10 +6,12 @@ runs on every entry (the entry file, then its extracted copies).
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 
-from kernelcache.entry import header_size, parse_header
+from kernelcache.entry import Entry
+from kernelcache.entry_format import header_size, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import Damage, EntryInfo
 from kernelcache.stores.disk.layout import OPEN_READ, Layout
@@ -17,39 +19,45 @@ from kernelcache.stores.disk.layout import OPEN_READ, Layout
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from kernelcache.entry import Entry
     from kernelcache.stores.disk.files import Extractor
 
-#: Entries up to this size are read in one call; of larger ones, the first
-#: _HEAD_READ bytes (the header, usually a few hundred bytes) come first and
-#: then each artifact straight into its own buffer: copying 8 KB of a big
-#: artifact twice costs more (~0.6 us at 64 KB) than it saves.
+#: Entries up to this size are read in one call (a cubin of a few KB: the
+#: common case) and their artifacts sliced out of it. Of larger ones, the
+#: first _HEAD_READ bytes (the header, usually a few hundred bytes) come
+#: first and then each artifact straight into its own bytes object: copying
+#: 8 KB of a big artifact twice costs more (~0.6 us at 64 KB) than it saves.
 _FIRST_READ = 8192
 _HEAD_READ = 2048
 #: An entry file at least this large whose allocated blocks are under 1/64 of
 #: its size is sparse: never written by the tier, and reading it would
 #: allocate its claimed size (a 100 GiB header over a hole). A miss instead.
 _SPARSE_MIN = 1 << 20
+_S_ISREG = stat.S_ISREG
 
 
 def read_entry(fd: int, st: os.stat_result, key: str, files: Extractor | None) -> Entry:
-    """The verified entry in the open file ``fd`` (status ``st``); :class:`CorruptEntry` if not."""
+    """The verified entry in the open file ``fd`` (status ``st``); :class:`CorruptEntry` if not.
+
+    Four system calls in all with the caller's open and fstat: one read of a
+    small entry, and every artifact of a large one read once, into the bytes
+    object handed out, then hashed once while it is still in the CPU's cache.
+    """
     size = st.st_size
-    if not stat.S_ISREG(st.st_mode):
+    if not _S_ISREG(st.st_mode):
         raise CorruptEntry("not a regular file")
+    # unpack_from checks every size against the file's real one before reading.
+    if size <= _FIRST_READ:
+        head = os.pread(fd, size, 0)
+        recorded, meta_raw, artifacts = unpack_from(head, size, key)
+        return Entry.from_verified(artifacts, meta_raw, recorded, files)
     if size >= _SPARSE_MIN and 0 < st.st_blocks * 512 < size // 64:
         raise CorruptEntry(f"entry file is sparse ({st.st_blocks * 512} of {size} bytes)")
-    head = os.pread(fd, size if size <= _FIRST_READ else _HEAD_READ, 0)
-    if len(head) < size:  # only part of the file was read: the header may reach further
-        need = header_size(head)
-        if len(head) < need <= size:
-            head = os.pread(fd, need, 0)
-    header = parse_header(head)
-    if header.total_size != size:  # every size is checked against the real one up front
-        raise CorruptEntry(f"entry file is {size} bytes, its header says {header.total_size}")
-    # Artifacts inside the first read are sliced from it; larger ones are
-    # read straight into their own bytes object (no second copy).
-    return header.build(lambda offset, length: os.pread(fd, length, offset), key, head, files)
+    head = os.pread(fd, _HEAD_READ, 0)
+    need = header_size(head)
+    if len(head) < need <= size:  # a long header (big metadata): read all of it
+        head = os.pread(fd, need, 0)
+    recorded, meta_raw, artifacts = unpack_from(head, size, key, functools.partial(os.pread, fd))
+    return Entry.from_verified(artifacts, meta_raw, recorded, files)
 
 
 def info_of(key: str, st: os.stat_result, path: str, extracted: int) -> EntryInfo:

@@ -38,7 +38,7 @@ from kernelcache.stores.base import is_valid_key
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
 SHARDS = 16
 SUFFIX = ".kce"
@@ -46,6 +46,7 @@ SUFFIX = ".kce"
 TAG_LENGTH = 16
 #: Open flags for reading a file of the tree: never through a symlink.
 OPEN_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n"
 
@@ -128,6 +129,7 @@ class Layout:
         self._on_refused = on_refused
         self._checked: set[str] = set()
         self._pid = os.getpid()
+        self._folders = _Folders()
 
     # Paths ---------------------------------------------------------------
     def entry_path(self, key: str, shard: str | None = None) -> str:
@@ -164,6 +166,49 @@ class Layout:
             except OSError:
                 errors += 1
         return errors
+
+    @property
+    def folders(self) -> Mapping[str, int]:
+        """The shard directories :meth:`entries_fd` opened so far (a live view)."""
+        return self._folders
+
+    def entries_fd(self, shard: str) -> int | None:
+        """An open descriptor of the checked directory ``entries/<shard>``, or ``None``
+        while it does not exist (reads miss; the first put makes it).
+
+        Hits open their entry relative to it (``dir_fd``): the kernel then walks
+        one path component, not the eight or so of the whole path (~0.8 us of a
+        ~7 us hit), and the directory is the very one that was checked, even if
+        a link were put in its place later. Kept until :meth:`close`.
+        """
+        fd = self._folders.get(shard)
+        if fd is not None:
+            return fd
+        path = f"{self.entries}/{shard}"
+        if not self.directory(path, create=False):
+            return None
+        try:
+            fd = os.open(path, _OPEN_DIR)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if not is_dir_error(exc):
+                raise
+            self.refused()  # replaced by a link or a file since it was checked
+            raise UnsafeDirectory(f"{path} is not a directory (a link or a file)") from None
+        problem = _fs.ownership_problem(os.fstat(fd))
+        if problem is not None:
+            os.close(fd)
+            self.refused()
+            raise UnsafeDirectory(f"refusing {path}: {problem}")
+        kept = self._folders.setdefault(shard, fd)
+        if kept != fd:  # another thread opened it first
+            os.close(fd)
+        return kept
+
+    def close(self) -> None:
+        """Close the directories :meth:`entries_fd` opened (they are opened again if needed)."""
+        self._folders.close()
 
     # Checks --------------------------------------------------------------
     def check_root(self, create: bool) -> bool:
@@ -274,6 +319,19 @@ class Layout:
         remove_tree(path)
         os.mkdir(path, 0o700)
         return True
+
+
+class _Folders(dict[str, int]):
+    """Open directory descriptors by shard, closed with the store or when it is collected."""
+
+    def close(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close bound now: __del__ may run at interpreter exit, after os is gone.
+        while self:
+            _shard, fd = self.popitem()
+            _close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def is_dir_error(exc: OSError) -> bool:

@@ -53,7 +53,7 @@ TOUCH_INTERVAL = 60.0
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
     from typing import TypeVar
 
     from kernelcache.entry import Entry
@@ -113,6 +113,8 @@ class DiskStore(Store):
         )
         self.unusable = None
         self._entries = self.layout.entries
+        # The checked shard directories hits open their entries in (layout.entries_fd).
+        self._folders: Mapping[str, int] = self.layout.folders
         self._checked: set[str] = set()
         self._open()
 
@@ -198,12 +200,15 @@ class DiskStore(Store):
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
         shard = shard_of(key)
-        if shard not in self._checked:
+        folder = self._folders.get(shard)
+        if folder is None:
             self._usable()
-            self._check_shard(shard, create=False)
-        path = f"{self._entries}/{shard}/{key}{SUFFIX}"  # layout.entry_path, inlined: the hit path
+            folder = self._guard(lambda: self.layout.entries_fd(shard))
+            if folder is None:  # nothing was ever put in this shard
+                self.counters.misses += 1
+                return None
         try:
-            fd = os.open(path, OPEN_READ)
+            fd = os.open(key + SUFFIX, OPEN_READ, dir_fd=folder)
         except FileNotFoundError:
             self.counters.misses += 1
             return None
@@ -226,8 +231,9 @@ class DiskStore(Store):
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
         finally:
             os.close(fd)
-        self.counters.hits += 1
-        self.counters.bytes_read += st.st_size
+        counters = self.counters
+        counters.hits += 1
+        counters.bytes_read += st.st_size
         return entry
 
     def _unreadable(self, exc: OSError) -> None:
@@ -363,4 +369,5 @@ class DiskStore(Store):
 
     def close(self) -> None:
         self.space.close()
+        self.layout.close()
         super().close()

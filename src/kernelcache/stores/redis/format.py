@@ -41,7 +41,8 @@ from typing import Any, NamedTuple
 
 import xxhash
 
-from kernelcache.entry import Entry, parse_header
+from kernelcache.entry import Entry
+from kernelcache.entry_format import unpack_from
 from kernelcache.errors import CorruptEntry
 
 MAGIC = b"KCR"
@@ -222,14 +223,8 @@ def check_size(record: Record, stored: int, max_entry_size: int) -> None:
 
 def unpack_prefix(raw: bytes, end: int, key: str) -> Entry:
     """The entry packed in ``raw[:end]``, verified, sliced straight out of ``raw``."""
-    header = parse_header(raw)
-    if header.total_size != end:
-        raise CorruptEntry(f"entry is {end} bytes, its header says {header.total_size}")
-    return header.build(_outside, key, raw)
-
-
-def _outside(offset: int, size: int) -> bytes:
-    raise CorruptEntry(f"entry has no bytes at {offset}+{size}")  # build() slices all of raw
+    recorded, meta_raw, artifacts = unpack_from(raw, end, key)
+    return Entry.from_verified(artifacts, meta_raw, recorded)
 
 
 def peek(suffix: bytes) -> tuple[int, int, Manifest | None]:
