@@ -151,10 +151,17 @@ def _appended(data: bytes) -> bytes:
         pytest.param(_appended, id="trailing-bytes"),
     ],
 )
-def test_corrupt_entry_is_a_counted_miss_and_removed(tmp_path: Path, damage: Any) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "after-a-hit"])
+def test_corrupt_entry_is_a_counted_miss_and_removed(
+    tmp_path: Path, damage: Any, warm: bool
+) -> None:
+    """After a hit too: a hit that skips the fstat (recent mtime known) still verifies."""
     store = DiskStore(tmp_path / "c")
     store.put("k", entry_of("k"))
     store.put("other", entry_of("other"))
+    if warm:
+        assert store.get("k") == entry_of("k")
+        store.counters.hits = 0
     path = entry_file(store, "k")
     path.write_bytes(damage(path.read_bytes()))
     assert store.get("k") is None
@@ -164,6 +171,36 @@ def test_corrupt_entry_is_a_counted_miss_and_removed(tmp_path: Path, damage: Any
     assert store.get("other") == entry_of("other")
     store.put("k", entry_of("k"))  # the key is usable again
     assert store.get("k") == entry_of("k")
+
+
+def test_a_directory_in_place_of_a_known_entry_is_corrupt_and_removed(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    assert store.get("k") == entry_of("k")  # its mtime is now known: the next hit skips fstat
+    path = entry_file(store, "k")
+    path.unlink()
+    path.mkdir()
+    assert store.get("k") is None
+    assert (store.counters.corrupt, store.counters.errors) == (1, 0)
+    assert not path.exists()
+
+
+def test_a_hit_touches_an_old_entry_once_per_interval(tmp_path: Path) -> None:
+    """The LRU clock: a hit of an entry older than TOUCH_INTERVAL refreshes its mtime;
+    hits of a recent one write nothing, in this process and in another."""
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    path = entry_file(store, "k")
+    old = time.time() - 2 * disk.store.TOUCH_INTERVAL
+    os.utime(path, (old, old))
+    assert store.get("k") == entry_of("k")
+    touched = path.stat().st_mtime_ns
+    assert touched > old * 1e9 + disk.store.TOUCH_INTERVAL * 1e9
+    for reader in (store, DiskStore(store.path)):
+        for _ in range(3):
+            assert reader.get("k") == entry_of("k")
+    assert path.stat().st_mtime_ns == touched
+    assert store.counters.hits == 4
 
 
 def test_entry_under_the_wrong_name_is_corrupt(tmp_path: Path) -> None:

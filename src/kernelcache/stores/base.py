@@ -86,6 +86,10 @@ def check_caps(max_bytes: int | None, max_entries: int | None) -> None:
             raise ValueError(f"{name} must be a positive int or None, not {value!r}")
 
 
+#: Counters subclass -> its counter names (see Counters.names).
+_COUNTER_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 @dataclasses.dataclass(eq=False)
 class Counters:
     """What a tier did since this process opened it.
@@ -111,7 +115,12 @@ class Counters:
     @property
     def names(self) -> tuple[str, ...]:
         """The counters this tier keeps, in order."""
-        return tuple(f.name for f in dataclasses.fields(self) if not f.name.startswith("_"))
+        cls = type(self)
+        names = _COUNTER_NAMES.get(cls)
+        if names is None:  # once per class: dataclasses.fields costs ~1 us, every put adds
+            fields = dataclasses.fields(self)
+            names = _COUNTER_NAMES[cls] = tuple(f.name for f in fields if f.name[0] != "_")
+        return names
 
     def add(self, name: str, amount: int = 1) -> None:
         """Add ``amount`` (may be negative) to counter ``name``, atomically across threads.

@@ -35,13 +35,30 @@ _SPARSE_MIN = 1 << 20
 _S_ISREG = stat.S_ISREG
 
 
-def read_entry(fd: int, st: os.stat_result, key: str, files: Extractor | None) -> Entry:
-    """The verified entry in the open file ``fd`` (status ``st``); :class:`CorruptEntry` if not.
+def read_entry(
+    fd: int, st: os.stat_result | None, key: str, files: Extractor | None
+) -> tuple[Entry, int]:
+    """The verified entry in the open file ``fd`` and its size; :class:`CorruptEntry` if
+    it is not one.
 
-    Four system calls in all with the caller's open and fstat: one read of a
-    small entry, and every artifact of a large one read once, into the bytes
-    object handed out, then hashed once while it is still in the CPU's cache.
+    ``st`` is the file's status, or ``None`` to skip the ``fstat`` where the
+    file turns out small (published entry files never change, so the bytes
+    one read returns are its size). Three system calls in all with the
+    caller's open and close for a small entry: one read, its artifacts
+    sliced out of it. Of a large one, every artifact is read once, into the
+    bytes object handed out, then hashed once while it is still in the CPU's
+    cache.
     """
+    if st is None:
+        try:
+            head = os.pread(fd, _FIRST_READ, 0)
+        except IsADirectoryError:
+            raise CorruptEntry("not a regular file") from None
+        size = len(head)
+        if size < _FIRST_READ:
+            recorded, meta_raw, artifacts = unpack_from(head, size, key)
+            return Entry.from_verified(artifacts, meta_raw, recorded, files), size
+        st = os.fstat(fd)
     size = st.st_size
     if not _S_ISREG(st.st_mode):
         raise CorruptEntry("not a regular file")
@@ -49,7 +66,7 @@ def read_entry(fd: int, st: os.stat_result, key: str, files: Extractor | None) -
     if size <= _FIRST_READ:
         head = os.pread(fd, size, 0)
         recorded, meta_raw, artifacts = unpack_from(head, size, key)
-        return Entry.from_verified(artifacts, meta_raw, recorded, files)
+        return Entry.from_verified(artifacts, meta_raw, recorded, files), size
     if size >= _SPARSE_MIN and 0 < st.st_blocks * 512 < size // 64:
         raise CorruptEntry(f"entry file is sparse ({st.st_blocks * 512} of {size} bytes)")
     head = os.pread(fd, _HEAD_READ, 0)
@@ -57,7 +74,7 @@ def read_entry(fd: int, st: os.stat_result, key: str, files: Extractor | None) -
     if len(head) < need <= size:  # a long header (big metadata): read all of it
         head = os.pread(fd, need, 0)
     recorded, meta_raw, artifacts = unpack_from(head, size, key, functools.partial(os.pread, fd))
-    return Entry.from_verified(artifacts, meta_raw, recorded, files)
+    return Entry.from_verified(artifacts, meta_raw, recorded, files), size
 
 
 def info_of(key: str, st: os.stat_result, path: str, extracted: int) -> EntryInfo:
@@ -84,7 +101,7 @@ def check_entry(layout: Layout, files: Extractor, info: EntryInfo) -> Damage | N
     try:
         st = os.fstat(fd)
         checked = info_of(info.key, st, path, info.extra.get("extracted", 0))
-        entry = read_entry(fd, st, info.key, None)
+        entry, _ = read_entry(fd, st, info.key, None)
     except CorruptEntry as exc:
         return Damage(checked, str(exc))
     except OSError as exc:

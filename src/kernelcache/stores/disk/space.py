@@ -85,7 +85,8 @@ class Tally:
         self.bytes, self.entries = parsed or (0, 0)
 
     def add(self, delta_bytes: int, delta_entries: int) -> None:
-        self.set(self.bytes + delta_bytes, self.entries + delta_entries)
+        if delta_bytes or delta_entries:  # a same-size replacement writes nothing
+            self.set(self.bytes + delta_bytes, self.entries + delta_entries)
 
     def set(self, size: int, count: int) -> None:
         self.bytes, self.entries = max(0, size), max(0, count)

@@ -50,6 +50,8 @@ from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 STALE_STAGING_SECONDS = 3600.0
 #: A hit refreshes the entry's mtime (its LRU clock) at most this often.
 TOUCH_INTERVAL = 60.0
+#: Keys whose recent mtime a store remembers (see DiskStore._remember).
+_RECENT_MAX = 4096
 # Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -116,6 +118,8 @@ class DiskStore(Store):
         # The checked shard directories hits open their entries in (layout.entries_fd).
         self._folders: Mapping[str, int] = self.layout.folders
         self._checked: set[str] = set()
+        # key -> its entry file's mtime as last seen by a hit of this process (see get).
+        self._recent: dict[str, float] = {}
         self._open()
 
     @classmethod
@@ -216,15 +220,17 @@ class DiskStore(Store):
             self._unreadable(exc)
             return None
         try:
-            st = os.fstat(fd)
-            entry = read_entry(fd, st, key, self.files)
-            if not self.read_only and time.time() - st.st_mtime > TOUCH_INTERVAL:
-                os.utime(fd)  # the LRU clock; rate-limited so hits stay read-only I/O
+            now = time.time()
+            if now - self._recent.get(key, 0.0) <= TOUCH_INTERVAL:
+                # Its mtime is known to be recent: the LRU clock needs no check,
+                # and a small entry needs no fstat (read_entry reads its size).
+                entry, size = read_entry(fd, None, key, self.files)
+            else:
+                st = os.fstat(fd)
+                entry, size = read_entry(fd, st, key, self.files)
+                self._remember(key, self._touch(fd, st.st_mtime, now))
         except CorruptEntry:
-            self._count("corrupt")
-            self.counters.misses += 1
-            if not self.read_only:
-                self._guard(lambda: self.space.remove(key, expect_ino=st.st_ino))
+            self._corrupt(key, fd)
             return None
         except OSError as exc:
             self._count("errors")
@@ -233,8 +239,35 @@ class DiskStore(Store):
             os.close(fd)
         counters = self.counters
         counters.hits += 1
-        counters.bytes_read += st.st_size
+        counters.bytes_read += size
         return entry
+
+    def _touch(self, fd: int, mtime: float, now: float) -> float:
+        """Move the entry open as ``fd`` up the LRU order if its ``mtime`` is older than
+        TOUCH_INTERVAL (rate-limited so that hits stay read-only I/O); its mtime after."""
+        if self.read_only or now - mtime <= TOUCH_INTERVAL:
+            return mtime
+        os.utime(fd)
+        return now
+
+    def _remember(self, key: str, mtime: float) -> None:
+        """Note that ``key``'s entry file has ``mtime``: until it is TOUCH_INTERVAL old,
+        hits of this process skip the LRU check (another process's touch only makes
+        it newer; a replacing put too)."""
+        recent = self._recent
+        if len(recent) >= _RECENT_MAX:
+            recent.clear()  # forgetting costs one fstat per key, nothing more
+        recent[key] = mtime
+
+    def _corrupt(self, key: str, fd: int) -> None:
+        """Count the entry open as ``fd`` corrupt and remove that very file (not a
+        replacement published since)."""
+        self._count("corrupt")
+        self.counters.misses += 1
+        self._recent.pop(key, None)
+        if not self.read_only:
+            ino = os.fstat(fd).st_ino
+            self._guard(lambda: self.space.remove(key, expect_ino=ino))
 
     def _unreadable(self, exc: OSError) -> None:
         """Count a miss for a link where an entry belongs (never followed); raise otherwise."""
