@@ -95,6 +95,35 @@ class RawOs(RawRead):
             os.close(fd)
 
 
+class RawVerified(RawRead):
+    """The floor of a verified read: ``open().read()`` then one xxh3-128 pass over the bytes.
+
+    What no verifying cache can beat: the raw read plus the one hash pass that
+    checks the bytes. Not a peer; shown so the cost of verification is visible
+    next to the unchecked peers.
+    """
+
+    name = "raw file + xxh3-128 (verified floor)"
+    verified = "xxh3-128"
+    ops = ("get",)
+
+    def open(self, path: str) -> None:
+        import xxhash
+
+        super().open(path)
+        self._hash = xxhash.xxh3_128_digest
+        self._digests: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes:
+        data = super().get(key)
+        expected = self._digests.get(key)
+        if expected is None:
+            expected = self._digests[key] = self._hash(data)
+        if self._hash(data) != expected:
+            raise ValueError(f"{key}: the bytes changed")
+        return data
+
+
 class RawFsync(RawRead):
     """Reference for durable puts: tmp, write, fsync, rename."""
 
@@ -295,6 +324,7 @@ class TritonFiles(Contender):
 #: In table order.
 ALL: tuple[type[Contender], ...] = (
     RawRead,
+    RawVerified,
     RawOs,
     RawFsync,
     Memory,
