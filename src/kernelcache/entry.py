@@ -8,9 +8,14 @@ artifact against its checksum. Nothing here can execute code: no pickle, ever.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
@@ -24,13 +29,8 @@ from kernelcache.entry_format import (
 )
 from kernelcache.errors import CorruptEntry, StoreError
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any, Protocol
-else:
-    Protocol = object  # see stores/base.py: typing stays off the launcher's hit path
 
 __all__ = ["Entry", "Files", "TempFiles", "validate_name"]
 
@@ -38,10 +38,6 @@ _locks_lock = threading.Lock()
 
 
 def _dump_meta(meta: Mapping[str, Any]) -> bytes:
-    # json (and the re it imports) is imported here, not at module level: a
-    # launcher hit reads artifacts and never looks at the metadata.
-    import json
-
     if not isinstance(meta, Mapping):
         raise TypeError(f"entry meta must be a dict, not {type(meta).__name__}")
     try:
@@ -51,8 +47,6 @@ def _dump_meta(meta: Mapping[str, Any]) -> bytes:
 
 
 def _load_meta(raw: bytes) -> Any:
-    import json  # see _dump_meta
-
     return json.loads(raw)
 
 
@@ -284,12 +278,6 @@ _TEMP_FILES = TempFiles()
 def _materialize_tmp(entry: Entry, name: str) -> str:
     """Write an artifact of a memory-only entry to this process's private temp dir."""
     global _tmp_dir
-    # Deferred: only memory-only entries need them, and the launcher's hit path
-    # (interpreter start-up bound) should not pay for tempfile and shutil.
-    import atexit
-    import shutil
-    import tempfile
-
     with _tmp_lock:
         if _tmp_dir is None:
             _tmp_dir = tempfile.mkdtemp(prefix="kernelcache-")  # mode 0700

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
 from kernelcache.errors import StoreError
 from kernelcache.stores.disk.layout import TAG_LENGTH, Layout, is_tag, remove_tree
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 

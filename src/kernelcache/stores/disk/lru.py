@@ -25,11 +25,10 @@ import heapq
 import os
 import struct
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache import _fs
 
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Sequence
 

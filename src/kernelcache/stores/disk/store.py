@@ -18,6 +18,7 @@ import functools
 import os
 import stat
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache._fs import unique, write_new
 from kernelcache.errors import CorruptEntry, StoreError
@@ -52,8 +53,6 @@ STALE_STAGING_SECONDS = 3600.0
 TOUCH_INTERVAL = 60.0
 #: Keys whose recent mtime a store remembers (see DiskStore._remember).
 _RECENT_MAX = 4096
-# Not typing.TYPE_CHECKING: importing typing costs ~3 ms on the launcher's hit path.
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import TypeVar
