@@ -67,6 +67,12 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
     from kernelcache.nvcc import client
 
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if listening(cache_dir):
+        # Already started (by a miss through the Python client). Another start
+        # would spawn a server that exits at once, unless it is slow enough to
+        # take the lock from the first as a test stops it: stop() then waits
+        # for the wrong server.
+        return
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(env)
@@ -75,7 +81,22 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    wait_for(lambda: (cache_dir / "launcher.sock").exists(), timeout, "the server to listen")
+    wait_for(lambda: listening(cache_dir), timeout, "the server to listen")
+
+
+def listening(cache_dir: Path) -> bool:
+    """Whether a server accepts connections on ``cache_dir``'s socket.
+
+    The socket file existing is not enough: a killed server leaves its file
+    behind until the next server replaces it. An empty connection is
+    answered with nothing and counts nothing.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(cache_dir / "launcher.sock"))
+        except OSError:
+            return False
+    return True
 
 
 def wait_for(condition: object, timeout: float, what: str) -> None:

@@ -29,6 +29,7 @@ from launcher_env import (
     clean_env,
     client_path,
     install_client,
+    listening,
     make_bin,
     server_pid,
     start_server,
@@ -400,7 +401,7 @@ def test_a_killed_server_is_replaced_by_way_of_the_python_client(setup: Setup) -
     (setup.project / "k.cubin").unlink()
     _same_cubin(setup, setup.run(), cold)
     wait_for(lambda: server_pid(setup.cache) not in (None, pid), 60, "a new server")
-    wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "it to listen")
+    wait_for(lambda: listening(setup.cache), 60, "it to listen")  # not the killed one's file
     _same_cubin(setup, setup.run(), cold)
     server.stop(str(setup.cache))
     assert answered(setup.cache)["compiled hit"] == 1

@@ -139,9 +139,11 @@ class Server:
             reply, stay = [b"fallback", b"protocol"], not _newer(request[0])
         else:
             reply, stay = self.answer(request[1:]), True
-        _send(conn, reply)
+        # Counted before sending: a SIGTERM that arrives while sendall returns
+        # (the client already has the reply) must not lose it from the log.
         key = (reply[0].decode(), compiled)
         self.answered[key] = self.answered.get(key, 0) + 1
+        _send(conn, reply)
         return stay
 
     def report(self) -> str | None:
