@@ -158,7 +158,8 @@ def test_device_detection_without_a_gpu_says_what_to_pass() -> None:
     except ConfigError as exc:
         assert "pass the device explicitly" in str(exc)
     else:  # a machine with a GPU
-        assert found["name"] and len(found["capability"]) == 2
+        assert found["name"]
+        assert len(found["capability"]) == 2
 
 
 def test_get_or_tune_tunes_once() -> None:
@@ -171,5 +172,6 @@ def test_get_or_tune_tunes_once() -> None:
 
     first = tuner.get_or_tune(KERNEL, PROBLEM, H100, tune)
     second = tuner.get_or_tune(KERNEL, PROBLEM, H100, tune)
-    assert first == second and first["best_config"] == {"BLOCK": 64}
+    assert first == second
+    assert first["best_config"] == {"BLOCK": 64}
     assert calls == [1]

@@ -71,7 +71,8 @@ def test_verify_checks_extracted_files(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.write(b"\0" * 16)
     proc = kc(root, "verify")
-    assert proc.returncode == 1 and "extracted" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "extracted" in proc.stdout, proc.stdout + proc.stderr
     assert kc(root, "verify", "--fix").returncode == 0
     assert kc(root, "verify").returncode == 0
     store = DiskStore(root)
@@ -171,7 +172,8 @@ def test_a_symlinked_staging_directory_receives_nothing(tmp_path: Path) -> None:
         got = store.get(KEY)
         assert got is not None
         got.path("kernel.cubin")
-    assert files_under(elsewhere) == [] and elsewhere.stat().st_mtime_ns == 0
+    assert files_under(elsewhere) == []
+    assert elsewhere.stat().st_mtime_ns == 0
     assert store.counters.refused >= 1
 
 
@@ -187,7 +189,8 @@ def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
     cache = Cache([DiskStore(root)])
     calls = []
     got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
-    assert calls == [1] and got["kernel.cubin"] == b"mine"
+    assert calls == [1]
+    assert got["kernel.cubin"] == b"mine"
 
 
 def test_a_shard_directory_swapped_for_a_link_after_use_is_not_followed(tmp_path: Path) -> None:
@@ -252,10 +255,12 @@ def test_a_directory_others_can_write_is_refused_and_the_cache_still_works(
     with Cache(settings=Settings.load(dir=str(root))) as cache:
         calls = []
         got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
-        assert calls == [1] and got["kernel.cubin"] == b"mine"  # compiled, not served
+        assert calls == [1]
+        assert got["kernel.cubin"] == b"mine"  # compiled, not served
         assert cache.get(KEY)["kernel.cubin"] == b"mine"  # type: ignore[index]  (memory)
         disk = cache.tiers[1]
-        assert isinstance(disk, DiskStore) and disk.unusable is not None
+        assert isinstance(disk, DiskStore)
+        assert disk.unusable is not None
         assert disk.counters.refused == 1
         cache.flush_stats()
     assert "refusing cache directory" in caplog.text

@@ -133,7 +133,8 @@ def test_eviction_removes_extracted_files_of_evicted_entries(tmp_path: Path) -> 
             assert Path(got.path("data")).read_bytes() == key.encode() * 100
         assert store.counters.evictions > 0
         live = set(store.keys())
-        assert live and live != set(keys)
+        assert live
+        assert live != set(keys)
         folders = {p.name for p in root.glob("v1/extracted/*/*")}
         assert folders <= live  # nothing extracted is left of an evicted entry
         on_disk = sum(p.stat().st_size for p in root.glob("v1/entries/*/*.kce")) + sum(

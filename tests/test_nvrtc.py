@@ -257,7 +257,8 @@ def test_cold_then_warm(project: Path, cache: Cache, target: str) -> None:
     cold = compile_(cache, target=target)
     warm = compile_(cache, target=target)
     assert (cold.hit, warm.hit) == (False, True)
-    assert warm.binary == cold.binary and len(cold.binary) > 100
+    assert warm.binary == cold.binary
+    assert len(cold.binary) > 100
     assert warm.lowered_names == cold.lowered_names == {"scale<float>": "_Z5scaleIfEvPT_i"}
     if target == "ptx":
         assert b".entry _Z5scaleIfEvPT_i" in cold.binary
@@ -282,9 +283,11 @@ def test_lowered_names_and_log_survive_a_disk_hit(project: Path, tmp_path: Path)
             name_expressions=["scale<double>"],
             cache=second,
         )
-    assert warm.hit and not cold.hit
+    assert warm.hit
+    assert not cold.hit
     assert warm.lowered_names == {"scale<double>": "_Z5scaleIdEvPT_i"}
-    assert "warning" in cold.log and warm.log == cold.log
+    assert "warning" in cold.log
+    assert warm.log == cold.log
     assert warm.binary == cold.binary
 
 
@@ -295,7 +298,8 @@ def test_header_edit_recompiles_and_unrelated_edit_hits(project: Path, cache: Ca
     assert compile_(cache).hit
     (project / "src" / "common.cuh").write_text(COMMON.replace("2.0f", "5.0f"))
     edited = compile_(cache)
-    assert not edited.hit and edited.binary != first.binary
+    assert not edited.hit
+    assert edited.binary != first.binary
 
 
 def test_errors_carry_the_log_and_are_not_cached(project: Path, cache: Cache) -> None:
@@ -330,7 +334,8 @@ def test_warm_hit_skips_scanning_and_hashing(
     monkeypatch.setattr(includes, "scan", lambda *a, **k: (scans.append("scan"), real_scan(*a, **k))[1])
     for _ in range(200):
         assert compile_(cache).hit
-    assert scans == [] and cold.hit is False
+    assert scans == []
+    assert cold.hit is False
 
 
 GPU = toolchain.gpu_arch()

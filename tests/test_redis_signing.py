@@ -52,8 +52,10 @@ def test_signed_round_trip_inline_and_chunked(
     signer.put("small", small)
     signer.put("big", big)
     value = raw.get(_name(signer, "small"))
-    assert value is not None and value[-5] & fmt.SIGNED
-    assert signer.get("small") == small and signer.get("big") == big
+    assert value is not None
+    assert value[-5] & fmt.SIGNED
+    assert signer.get("small") == small
+    assert signer.get("big") == big
     assert make(secret=SECRET).get("big") == big  # another client with the secret
 
 
@@ -68,8 +70,10 @@ def test_a_client_without_the_secret_never_deletes_signed_entries(
     reader = make(chunk_size=CHUNK)
     assert Cache([reader]).get("k") is None  # it cannot check the signature: unreadable
     assert reader.get("k") is None  # remembered: not even read again
-    assert reader.counters.unverifiable == 1 and reader.counters.misses == 2
-    assert reader.counters.corrupt == 0 and reader.counters.hits == 0
+    assert reader.counters.unverifiable == 1
+    assert reader.counters.misses == 2
+    assert reader.counters.corrupt == 0
+    assert reader.counters.hits == 0
     assert set(raw.scan_iter(f"kc:{signer.namespace}:*")) == before  # nothing deleted
     assert raw.pttl(_name(signer, "k")) == -1  # nor set to expire
     assert signer.get("k") == entry
@@ -88,7 +92,8 @@ def test_values_without_a_valid_signature_are_rejected(
     reader = make(secret=SECRET)
     assert Cache([reader]).get("k") is None
     assert reader.get("k") is None  # remembered as bad: the second lookup reads nothing
-    assert reader.stats()["forged"] == 1 and reader.counters.hits == 0
+    assert reader.stats()["forged"] == 1
+    assert reader.counters.hits == 0
     assert raw.exists(_name(reader, "k")) == 1  # not deleted: it may be a peer with another secret
     entry = _entry()
     reader.put("k", entry)  # its own put clears the memory of the bad value
@@ -104,7 +109,8 @@ def test_tampered_and_replayed_signed_values_are_rejected(
     value[100] ^= 0x01  # one bit of the cubin
     raw.set(_name(store, "tampered"), bytes(value))
     raw.copy(_name(store, "good"), _name(store, "replayed"))  # a valid value under another key
-    assert store.get("tampered") is None and store.get("replayed") is None
+    assert store.get("tampered") is None
+    assert store.get("replayed") is None
     assert store.stats()["forged"] == 2
     assert store.get("good") is not None
 
@@ -160,8 +166,10 @@ def test_a_read_only_store_remembers_damage_it_may_not_remove(
     reader = make(read_only=True)
     raw.set(_name(reader, "k"), b"garbage")
     raw.config_resetstat()
-    assert reader.get("k") is None and reader.get("k") is None
-    assert reader.counters.corrupt == 1 and reader.counters.misses == 2
+    assert reader.get("k") is None
+    assert reader.get("k") is None
+    assert reader.counters.corrupt == 1
+    assert reader.counters.misses == 2
     assert raw.info("commandstats")["cmdstat_get"]["calls"] == 1  # the second lookup paid nothing
     assert raw.exists(_name(reader, "k")) == 1
 
@@ -174,7 +182,8 @@ def test_records_of_another_format_version_are_clean_misses(
     value = raw.get(_name(store, "k")) or b""
     raw.set(_name(store, "k"), value[:-4] + bytes([fmt.VERSION + 1]) + fmt.MAGIC)
     assert store.get("k") is None
-    assert store.counters.corrupt == 0 and store.counters.misses == 1
+    assert store.counters.corrupt == 0
+    assert store.counters.misses == 1
     assert raw.exists(_name(store, "k")) == 1  # a newer peer's record is left to it
 
 
