@@ -57,7 +57,10 @@ def test_stragglers_failing_after_it_opened_do_not_count_as_trips() -> None:
     assert breaker.trips == 1
 
 
-@pytest.mark.parametrize(("threshold", "cooldown"), [(0, 1.0), (1.5, 1.0), (1, -1.0)])
-def test_rejects_nonsense_settings(threshold: object, cooldown: float) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("threshold", "cooldown", "named"),
+    [(0, 1.0, "threshold"), (1.5, 1.0, "threshold"), (1, -1.0, "cooldown")],
+)
+def test_rejects_nonsense_settings(threshold: object, cooldown: float, named: str) -> None:
+    with pytest.raises(ValueError, match=f"breaker {named} must be"):
         CircuitBreaker(threshold, cooldown)  # type: ignore[arg-type]

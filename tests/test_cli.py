@@ -170,7 +170,7 @@ def test_prune_by_entries_size_and_age(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    ("args", "message"),
     [
         pytest.param(["prune", "--max-size", "5X"], "invalid size", id="bad-size"),
         pytest.param(["prune", "--older-than", "soon"], "invalid age", id="bad-age"),

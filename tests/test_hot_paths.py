@@ -48,7 +48,7 @@ def test_validate_key_memo_stays_bounded() -> None:
 # the whole entry, part of the header, or the header and part of an artifact;
 # every split must read back.
 @pytest.mark.parametrize(
-    "meta_bytes,sizes",
+    ("meta_bytes", "sizes"),
     [
         pytest.param(0, [0], id="empty-artifact"),
         pytest.param(0, [100, 200], id="all-in-first-read"),

@@ -126,7 +126,7 @@ def test_disk_store_lock_per_key_and_none_when_read_only(tmp_path: Path) -> None
     a.release()
     b.release()
     assert DiskStore(tmp_path, read_only=True).flight_lock("a") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid cache key"):
         store.flight_lock("../x")
 
 

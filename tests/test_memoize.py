@@ -110,7 +110,7 @@ def test_helper_defined_after_decoration_is_seen() -> None:
 
 
 @pytest.mark.parametrize(
-    "a, b",
+    ("a", "b"),
     [
         pytest.param(np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32), id="shape"),
         pytest.param(np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float16), id="dtype"),
@@ -135,7 +135,7 @@ def test_different_argument_structure_misses(a: Any, b: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "a, b",
+    ("a", "b"),
     [
         pytest.param(np.zeros((4, 8)), np.ones((4, 8)), id="array-contents-ignored"),
         pytest.param(float("nan"), float("nan"), id="nan"),

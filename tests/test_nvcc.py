@@ -592,18 +592,26 @@ def test_large_outputs_are_stored_compressed(
 
 
 @pytest.mark.parametrize(
-    "meta",
+    ("meta", "error"),
     [
-        pytest.param({"output_codec": "zstd", "output_size": 10}, id="declared-too-small"),
-        pytest.param({"output_codec": "zstd", "output_size": 1 << 30}, id="declared-too-large"),
-        pytest.param({"output_codec": "lz4", "output_size": 100}, id="unknown-codec"),
+        pytest.param(
+            {"output_codec": "zstd", "output_size": 10}, "wrong size", id="declared-too-small"
+        ),
+        pytest.param(
+            {"output_codec": "zstd", "output_size": 1 << 30}, "wrong size", id="declared-too-large"
+        ),
+        pytest.param(
+            {"output_codec": "lz4", "output_size": 100}, "unknown output", id="unknown-codec"
+        ),
     ],
 )
-def test_a_compressed_output_is_bounded_by_its_declared_size(meta: dict[str, object]) -> None:
+def test_a_compressed_output_is_bounded_by_its_declared_size(
+    meta: dict[str, object], error: str
+) -> None:
     zstandard = pytest.importorskip("zstandard")
     from kernelcache.entry import Entry
     from kernelcache.nvcc.outputs import unpack_output
 
     frame = zstandard.ZstdCompressor().compress(b"x" * 100_000)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=error):
         unpack_output(Entry({"output": frame}, meta))
