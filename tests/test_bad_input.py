@@ -25,10 +25,10 @@ def forge_huge_entry(path: Path) -> None:
     """An entry whose header (valid checksum) claims a 100 GiB artifact, over a sparse file."""
     packed = Entry({"kernel.cubin": b"x" * 100}).pack(KEY)
     end = header_size(packed)
-    header = bytearray(packed[: end - 16])
-    at = header.index(b"kernel.cubin") + len(b"kernel.cubin")
-    header[at : at + 8] = struct.pack("<Q", HUGE)
-    header = bytes(header)
+    forged = bytearray(packed[: end - 16])
+    at = forged.index(b"kernel.cubin") + len(b"kernel.cubin")
+    forged[at : at + 8] = struct.pack("<Q", HUGE)
+    header = bytes(forged)
     path.write_bytes(header + xxhash.xxh3_128_digest(header))
     os.truncate(path, len(header) + 16 + HUGE)  # a hole: st_size matches the claim
 
@@ -58,7 +58,12 @@ def test_a_bundle_record_claiming_huge_sizes_is_refused_before_reading(tmp_path:
     with open(path, "rb") as f, pytest.raises(BundleError, match="sparse"):
         import_bundle(f, DiskStore(tmp_path / "c"))
     read, write = os.pipe()  # from a pipe, a capped target refuses it before reading
-    threading.Thread(target=lambda: (os.write(write, head), os.close(write)), daemon=True).start()
+
+    def feed() -> None:
+        os.write(write, head)
+        os.close(write)
+
+    threading.Thread(target=feed, daemon=True).start()
     with os.fdopen(read, "rb") as f, pytest.raises(BundleError, match="refused before reading"):
         import_bundle(f, DiskStore(tmp_path / "c", max_bytes=1 << 30))
 

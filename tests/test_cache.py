@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, KeyBuilder, MemoryStore, Settings
-from kernelcache.stores.disk import store as disk_module
 
 KEY = KeyBuilder("test").add("k", 1).hexdigest()
 ENTRY = Entry({"kernel.cubin": b"\x7fELF" + os.urandom(4000)}, {"name": "k"})
@@ -81,7 +80,7 @@ def test_disk_full_on_put_is_counted_and_others_still_written(
     def full(src: str, dst: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_module.os, "replace", full)
+    monkeypatch.setattr(os, "replace", full)  # the disk tier's rename into place
     cache = Cache([disk, memory])
     cache.put(KEY, ENTRY)
     assert memory.get(KEY) == ENTRY

@@ -308,7 +308,7 @@ def test_eviction_spares_an_entry_republished_after_it_decided(
         os.utime(entry_file(store, key), (then, then))
     newer = entry_of("republished")
     real_rename = os.rename
-    republished = []
+    republished: list[Any] = []
 
     def rename(src: Any, dst: Any) -> None:
         if os.fspath(src) == str(entry_file(store, victim)) and not republished:

@@ -12,6 +12,7 @@ import pytest
 from kernelcache import Cache, Entry, Settings
 from kernelcache.stores.disk import LOW_WATER, DiskStore, shard_of
 from kernelcache.stores.disk import space as space_module
+from kernelcache.stores.disk.layout import Found, Layout, scan_shard
 
 CAP = 1 << 20
 
@@ -105,10 +106,12 @@ def test_no_put_scans_the_whole_tier(tmp_path: Path, monkeypatch: pytest.MonkeyP
         store.put(f"k{i:05d}", blob(i, 1000))
     store.max_bytes = store.usage()[1]  # full: from here on every put evicts
     scans: list[str] = []
-    real = space_module.scan_shard
-    monkeypatch.setattr(
-        space_module, "scan_shard", lambda layout, shard: scans.append(shard) or real(layout, shard)
-    )
+
+    def counted_scan(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
+        scans.append(shard)
+        return scan_shard(layout, shard)
+
+    monkeypatch.setattr(space_module, "scan_shard", counted_scan)
     for i in range(300):  # at the cap: every put evicts
         store.put(f"n{i:05d}", blob(i, 1000))
     assert store.counters.evictions >= 250
@@ -259,7 +262,12 @@ def test_a_read_only_launcher_starts_no_server_in_the_directory(
     monkeypatch.setenv("KERNELCACHE_READONLY", "1")
     monkeypatch.delenv("KERNELCACHE_SERVER", raising=False)
     ran: list[list[str]] = []
-    rc = client.serve(["nvcc", "--version"], lambda argv: ran.append(argv) or 0, lambda n, a: 1)
+
+    def local(argv: list[str]) -> int:
+        ran.append(argv)
+        return 0
+
+    rc = client.serve(["nvcc", "--version"], local, lambda n, a: 1)
     assert rc == 0
     assert ran == [["nvcc", "--version"]]  # in-process, no server asked
     assert snapshot(root) == before

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -177,6 +177,16 @@ def test_a_symlinked_staging_directory_receives_nothing(tmp_path: Path) -> None:
     assert store.counters.refused >= 1
 
 
+def counted_compile(calls: list[int]) -> Callable[[], Entry]:
+    """A compile function that notes each run in ``calls``."""
+
+    def compile_() -> Entry:
+        calls.append(1)
+        return Entry({"kernel.cubin": b"mine"})
+
+    return compile_
+
+
 def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
     root = tmp_path / "c"
     DiskStore(root).put("first", entry())
@@ -187,8 +197,8 @@ def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
         shutil.rmtree(shard)
     shard.symlink_to(planted)
     cache = Cache([DiskStore(root)])
-    calls = []
-    got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
+    calls: list[int] = []
+    got = cache.get_or_compile(KEY, counted_compile(calls))
     assert calls == [1]
     assert got["kernel.cubin"] == b"mine"
 
@@ -253,11 +263,13 @@ def test_a_directory_others_can_write_is_refused_and_the_cache_still_works(
     root = poisoned(tmp_path, how)
     before = files_under(root)
     with Cache(settings=Settings.load(dir=str(root))) as cache:
-        calls = []
-        got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
+        calls: list[int] = []
+        got = cache.get_or_compile(KEY, counted_compile(calls))
         assert calls == [1]
         assert got["kernel.cubin"] == b"mine"  # compiled, not served
-        assert cache.get(KEY)["kernel.cubin"] == b"mine"  # type: ignore[index]  (memory)
+        again = cache.get(KEY)  # from the memory tier
+        assert again is not None
+        assert again["kernel.cubin"] == b"mine"
         disk = cache.tiers[1]
         assert isinstance(disk, DiskStore)
         assert disk.unusable is not None
@@ -301,7 +313,7 @@ def test_cache_works_on_a_read_only_cache_directory(tmp_path: Path) -> None:
     with read_only(root), Cache(settings=Settings.load(dir=str(root))) as cache:
         got = cache.get(KEY)
         assert got == entry()
-        assert Path(got.path("kernel.cubin")).read_bytes() == ARTIFACT  # type: ignore[union-attr]
+        assert Path(got.path("kernel.cubin")).read_bytes() == ARTIFACT
         assert cache.get_or_compile("j" * 32, lambda: b"new")["data"] == b"new"
         cache.flush_stats()
 

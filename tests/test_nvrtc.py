@@ -7,6 +7,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,7 +332,12 @@ def test_warm_hit_skips_scanning_and_hashing(
     compile_(cache)  # memoise the scan now that the files' stat vouches for them
     scans: list[str] = []
     real_scan = includes.scan
-    monkeypatch.setattr(includes, "scan", lambda *a, **k: (scans.append("scan"), real_scan(*a, **k))[1])
+
+    def counted_scan(*args: Any, **kwargs: Any) -> Any:
+        scans.append("scan")
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(includes, "scan", counted_scan)
     for _ in range(200):
         assert compile_(cache).hit
     assert scans == []
@@ -348,7 +354,7 @@ def test_cached_cubin_runs_on_the_gpu(tmp_path: Path) -> None:
     import numpy as np
     from cuda.bindings import driver as cu
 
-    def ok(result: tuple[object, ...]) -> object:
+    def ok(result: tuple[Any, ...]) -> Any:  # cuda.bindings: untyped results
         assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
         return result[1] if len(result) == 2 else result[1:]
 

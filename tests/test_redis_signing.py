@@ -44,6 +44,13 @@ def _name(store: RedisStore, key: str) -> str:
     return f"kc:{store.namespace}:e:{{{key}}}"
 
 
+def _stored(raw: redis.Redis, name: str) -> bytes:
+    """The record under ``name`` as Redis holds it."""
+    value = raw.get(name)
+    assert isinstance(value, bytes)  # present, and the client does not decode responses
+    return value
+
+
 def test_signed_round_trip_inline_and_chunked(
     make: Callable[..., RedisStore], raw: redis.Redis
 ) -> None:
@@ -51,8 +58,7 @@ def test_signed_round_trip_inline_and_chunked(
     small, big = _entry(), _entry(3 * CHUNK)
     signer.put("small", small)
     signer.put("big", big)
-    value = raw.get(_name(signer, "small"))
-    assert value is not None
+    value = _stored(raw, _name(signer, "small"))
     assert value[-5] & fmt.SIGNED
     assert signer.get("small") == small
     assert signer.get("big") == big
@@ -105,7 +111,7 @@ def test_tampered_and_replayed_signed_values_are_rejected(
 ) -> None:
     store = make(secret=SECRET, compress_min=1 << 30)
     store.put("good", _entry())
-    value = bytearray(raw.get(_name(store, "good")) or b"")
+    value = bytearray(_stored(raw, _name(store, "good")))
     value[100] ^= 0x01  # one bit of the cubin
     raw.set(_name(store, "tampered"), bytes(value))
     raw.copy(_name(store, "good"), _name(store, "replayed"))  # a valid value under another key
@@ -147,8 +153,7 @@ def test_corrupted_values_are_rejected_counted_and_removed(
 ) -> None:
     store = make(compress_min=1 << 30)
     store.put("good", _entry())
-    value = raw.get(_name(store, "good"))
-    assert value is not None
+    value = _stored(raw, _name(store, "good"))
     damaged = _damage(value)
     for key, bad in damaged.items():
         raw.set(_name(store, key), bad)
@@ -179,7 +184,7 @@ def test_records_of_another_format_version_are_clean_misses(
 ) -> None:
     store = make(compress_min=1 << 30)
     store.put("k", _entry())
-    value = raw.get(_name(store, "k")) or b""
+    value = _stored(raw, _name(store, "k"))
     raw.set(_name(store, "k"), value[:-4] + bytes([fmt.VERSION + 1]) + fmt.MAGIC)
     assert store.get("k") is None
     assert store.counters.corrupt == 0
