@@ -182,11 +182,12 @@ def main() -> None:
         for dsl, name, args in cases:
             for upstream in (True, False):
                 cache = "upstream" if upstream else "kernelcache"
-                row = {"dsl": dsl, "kernel": name, "cache": cache}
+                row_id = {"dsl": dsl, "kernel": name, "cache": cache}
+                row: dict[str, Any] = dict(row_id)
                 row.update(cold_warm(toolkit, root, dsl, args, upstream))
                 row["cold/warm"] = row["cold_s"] / max(row["warm_s"], 1e-9)
                 cold_rows.append(row)
-                many = {"dsl": dsl, "kernel": name, "cache": cache, "procs": opts.procs}
+                many: dict[str, Any] = {**row_id, "procs": opts.procs}
                 many.update(concurrent(toolkit, root, dsl, args, upstream, opts.procs))
                 many_rows.append(many)
                 print(f"done: {dsl} {name} {cache}", file=sys.stderr, flush=True)

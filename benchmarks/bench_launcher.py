@@ -118,9 +118,9 @@ class Launchers:
             return int(fields.get("direct_cache_hit", 0)) + int(
                 fields.get("preprocessed_cache_hit", 0)
             )
-        out = self.sccache(["--show-stats", "--stats-format", "json"]).stdout
+        report = self.sccache(["--show-stats", "--stats-format", "json"]).stdout
         try:
-            counts = json.loads(out)["stats"]["cache_hits"]["counts"]
+            counts = json.loads(report)["stats"]["cache_hits"]["counts"]
         except (ValueError, KeyError):
             return 0
         return int(sum(counts.values()))
@@ -231,13 +231,14 @@ def bench_hits(launchers: Launchers, tmp: Path, repeat: int, headers: int) -> No
             ):
                 print(f"  ({name}: {got} of {repeat} timed runs were hits)")
         answers = kernelcache_answers(kc_dir)  # the next row's first call starts a new server
-        compiled, python = answers.get("compiled hit", 0), answers.get("python hit", 0)
+        compiled_hits, python_hits = answers.get("compiled hit", 0), answers.get("python hit", 0)
         print(
-            f"kernelcache's server answered {compiled} of the {repeat} timed `kernelcache` runs "
-            f"with a hit to the compiled client, and {python} of the {repeat} Python-client "
-            "runs with a hit to the Python client"
+            f"kernelcache's server answered {compiled_hits} of the {repeat} timed `kernelcache` "
+            f"runs with a hit to the compiled client, and {python_hits} of the {repeat} "
+            "Python-client runs with a hit to the Python client"
         )
-        if compiled != repeat or python != repeat or sum(answers.values()) != 2 * repeat:
+        all_hits = compiled_hits == repeat and python_hits == repeat
+        if not all_hits or sum(answers.values()) != 2 * repeat:
             print(f"  (not the timed runs alone, or not all hits: {answers})")
         dep_file = cwd / ("saxpy.d" if cwd == tiny_dir else "CMakeFiles/k.dir/k.cu.o.d")
         count = len([t for t in dep_file.read_text().split() if t != "\\" and not t.endswith(":")])

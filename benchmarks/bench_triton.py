@@ -86,7 +86,7 @@ def bench_warm_compile(tmp: Path, rounds: int) -> None:
         return setup
 
     os.environ[kt.ENV_DIR] = str(tmp / "kc")
-    setups = {
+    setups: dict[str, Callable[[], None]] = {
         "file": functools.partial(use_manager, None),
         # What every process gets from the environment (the directory is
         # resolved for each compile): the pinned tier in front of the disk tier.
@@ -217,18 +217,15 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int) -> None:
         TRITON_DEFAULT_FP_FUSION="1",
     )
     for n in counts:
-        walls = {}
+        walls: dict[str, float] = {}
         for label, manager in (("Triton (File)", None), ("kernelcache", KC_MANAGER)):
             folder = tmp / f"stampede-{n}-{len(walls)}"
             env = {**base, "TRITON_HOME": str(folder / "home")}
             env["TRITON_CACHE_DIR"] = str(folder / "cache")
             if manager is not None:
                 env["TRITON_CACHE_MANAGER"] = manager
-            opts = {
-                "variants": list(range(1, variants + 1)),
-                "barrier": str(folder / "barrier"),
-                "parties": n,
-            }
+            variant_ids = list(range(1, variants + 1))
+            opts = {"variants": variant_ids, "barrier": str(folder / "barrier"), "parties": n}
             procs = [
                 subprocess.Popen(
                     [sys.executable, stampede, json.dumps(opts)],
@@ -246,7 +243,7 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int) -> None:
                     raise RuntimeError(f"stampede worker failed: {err[-2000:]}")
                 results.append(json.loads(out.splitlines()[0]))
             per_variant = [
-                sum(r["variants"][str(v)]["compiles"] for r in results) for v in opts["variants"]
+                sum(r["variants"][str(v)]["compiles"] for r in results) for v in variant_ids
             ]
             walls[label] = max(r["seconds"] for r in results)
             print(

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from kernelcache import DiskStore, Entry
-from timing import Row, measure
+from timing import Budget, Row, measure
 
 VALUE_BYTES = 1024
 UNCAPPED = 1 << 50
@@ -39,6 +39,19 @@ def populate(path: str, n: int, rng: random.Random) -> tuple[DiskStore, list[str
     for key in keys:
         store.put(key, entry)
     return store, keys, time.perf_counter() - start
+
+
+def _getter(store: DiskStore) -> Callable[[str], object]:
+    def get(key: str) -> object:
+        entry = store.get(key)
+        assert entry is not None, key  # every key timed was put first
+        return entry["data"]
+
+    return get
+
+
+def _putter(store: DiskStore, value: Entry) -> Callable[[str], object]:
+    return lambda key: store.put(key, value)
 
 
 def run(root: str, counts: Sequence[int], seconds: float, rounds: int, overhead: int) -> list[Row]:
@@ -59,14 +72,14 @@ def run(root: str, counts: Sequence[int], seconds: float, rounds: int, overhead:
         for n, store in stores.items():
             name = f"get {n}"
             rows[name] = Row("get", n, "DiskStore hit", note=notes[n])
-            fns[name] = lambda k, s=store: s.get(k)["data"]  # type: ignore[index]
+            fns[name] = _getter(store)
             keys_for[name] = itertools.cycle(hits[n])
             name = f"put {n}"
             rows[name] = Row("put", n, "DiskStore put, replacing", note=notes[n])
-            fns[name] = lambda k, s=store: s.put(k, value)
+            fns[name] = _putter(store, value)
             keys_for[name] = itertools.cycle(rng.sample(hits[n], len(hits[n])))
-        opts = {"seconds": seconds, "rounds": rounds, "overhead": overhead}
-        measure(rows, fns, keys_for, max_calls=max_calls, **opts)
+        budget = Budget(seconds=seconds, rounds=rounds, overhead=overhead)
+        measure(rows, fns, keys_for, max_calls=max_calls, **budget)
         capped: dict[str, Row] = {}
         cap_fns: dict[str, Callable[[str], object]] = {}
         for n, store in stores.items():
@@ -75,7 +88,7 @@ def run(root: str, counts: Sequence[int], seconds: float, rounds: int, overhead:
             capped[name] = Row("put", n, "DiskStore put, new key, at cap (evicting)")
             cap_fns[name] = fns[f"put {n}"]
             keys_for[name] = iter(_keys(rng, max_calls + max_calls // rounds + 1))
-        measure(capped, cap_fns, keys_for, max_calls=max_calls, **opts)
+        measure(capped, cap_fns, keys_for, max_calls=max_calls, **budget)
         for n, store in stores.items():
             evictions = store.counters.evictions
             capped[f"cap {n}"].note = f"{evictions} evictions; entries then {store.usage()[0]:,}"

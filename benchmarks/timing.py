@@ -7,9 +7,9 @@ import itertools
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 
 @dataclass
@@ -83,10 +83,18 @@ CHUNK_CALLS = 1000
 CHUNK_NS = 2e6
 
 
+class Budget(TypedDict):
+    """:func:`measure`'s time budget and timer overhead, for callers passing them to several calls."""
+
+    seconds: float
+    rounds: int
+    overhead: int
+
+
 def measure(
-    rows: dict[str, Row],
-    fns: dict[str, Callable[[str], object]],
-    keys: dict[str, Iterator[str]],
+    rows: Mapping[str, Row],
+    fns: Mapping[str, Callable[[str], object]],
+    keys: Mapping[str, Iterator[str]],
     *,
     seconds: float,
     rounds: int,

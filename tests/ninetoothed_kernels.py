@@ -70,7 +70,8 @@ def race(count: int, tag: str, start: float | None, slot: float) -> dict[str, An
     Processes given the same start and slot generate and import the same
     source at the same moment, the race ninetoothed #161 reports.
     """
-    failures, errors = 0, []
+    failures = 0
+    errors: list[str] = []
     for i in range(count):
         if start is not None:
             time.sleep(max(0.0, start + i * slot - time.time()))

@@ -35,7 +35,7 @@ from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
 def main() -> int:
     opts = json.loads(sys.argv[1])
     cache = Cache([MemoryStore(), DiskStore(opts["dir"])], settings=Settings.load(dir=opts["dir"]))
-    compiled = {"start": None, "end": None}
+    compiled: dict[str, float | None] = {"start": None, "end": None}
 
     def compile_fn() -> bytes:
         compiled["start"] = time.monotonic()

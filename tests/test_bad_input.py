@@ -25,10 +25,10 @@ def forge_huge_entry(path: Path) -> None:
     """An entry whose header (valid checksum) claims a 100 GiB artifact, over a sparse file."""
     packed = Entry({"kernel.cubin": b"x" * 100}).pack(KEY)
     end = header_size(packed)
-    header = bytearray(packed[: end - 16])
-    at = header.index(b"kernel.cubin") + len(b"kernel.cubin")
-    header[at : at + 8] = struct.pack("<Q", HUGE)
-    header = bytes(header)
+    forged = bytearray(packed[: end - 16])
+    at = forged.index(b"kernel.cubin") + len(b"kernel.cubin")
+    forged[at : at + 8] = struct.pack("<Q", HUGE)
+    header = bytes(forged)
     path.write_bytes(header + xxhash.xxh3_128_digest(header))
     os.truncate(path, len(header) + 16 + HUGE)  # a hole: st_size matches the claim
 
@@ -58,7 +58,12 @@ def test_a_bundle_record_claiming_huge_sizes_is_refused_before_reading(tmp_path:
     with open(path, "rb") as f, pytest.raises(BundleError, match="sparse"):
         import_bundle(f, DiskStore(tmp_path / "c"))
     read, write = os.pipe()  # from a pipe, a capped target refuses it before reading
-    threading.Thread(target=lambda: (os.write(write, head), os.close(write)), daemon=True).start()
+
+    def feed() -> None:
+        os.write(write, head)
+        os.close(write)
+
+    threading.Thread(target=feed, daemon=True).start()
     with os.fdopen(read, "rb") as f, pytest.raises(BundleError, match="refused before reading"):
         import_bundle(f, DiskStore(tmp_path / "c", max_bytes=1 << 30))
 
@@ -138,7 +143,8 @@ def test_sqlite_lock_file_wait_honours_the_timeout(tmp_path: Path) -> None:
         opener = threading.Thread(target=open_store, daemon=True)
         opener.start()
         opener.join(60)  # far beyond the timeout: a hang shows as no outcome
-        assert outcome and isinstance(outcome[0], StoreError), outcome
+        assert outcome, "the opener hung: no outcome"
+        assert isinstance(outcome[0], StoreError), outcome
         assert "held by another process" in str(outcome[0])
     finally:
         release.set()
@@ -160,7 +166,8 @@ def test_a_locked_sqlite_tier_never_fails_cache_construction(tmp_path: Path) -> 
             mp.setattr("kernelcache.stores.sqlite.file.DEFAULT_TIMEOUT", 0.2)
             cache = Cache(settings=settings)
             sqlite = cache.tiers[1]
-            assert cache.get(KEY) is None and sqlite.counters.errors >= 1
+            assert cache.get(KEY) is None
+            assert sqlite.counters.errors >= 1
     finally:
         release.set()
         holder.join(30)
@@ -179,7 +186,8 @@ def test_a_memory_hit_hands_out_its_own_meta(tmp_path: Path) -> None:
     meta = first.meta
     meta["name"] = "changed"
     again = cache.get(KEY)
-    assert again is not None and again.meta == {"name": "add", "opts": [1]}
+    assert again is not None
+    assert again.meta == {"name": "add", "opts": [1]}
     assert first.meta == {"name": "add", "opts": [1]}
 
 
@@ -201,4 +209,5 @@ def test_a_bad_size_names_the_variable(text: str) -> None:
 def test_an_empty_cache_dir_variable_is_unset(text: str, tmp_path: Path) -> None:
     default = Settings.load(environ={}).dir
     settings = Settings.load(environ={"KERNELCACHE_DIR": text})
-    assert settings.dir == default and settings.sources["dir"] == "default"
+    assert settings.dir == default
+    assert settings.sources["dir"] == "default"

@@ -39,7 +39,8 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     assert {r["op"] for r in result["scaling"]} == {"get", "put"}
     assert result["memory"][0]["n"] > 0
     caps = result["caps"]["rows"]
-    assert {r["extract"] for r in caps} == {False, True} and max(r["size"] for r in caps) > 0
+    assert {r["extract"] for r in caps} == {False, True}
+    assert max(r["size"] for r in caps) > 0
     assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
     assert leftovers == [], "the benchmark must remove its directory"
@@ -88,4 +89,5 @@ def test_bench_launcher_smoke(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("python -I -S -c pass") == 2
-    assert "kernelcache" in proc.stdout and "timed runs were hits" not in proc.stdout
+    assert "kernelcache" in proc.stdout
+    assert "timed runs were hits" not in proc.stdout

@@ -11,12 +11,17 @@ from kernelcache.stores.redis.breaker import CircuitBreaker
 
 def test_opens_after_threshold_consecutive_failures_only() -> None:
     breaker = CircuitBreaker(threshold=3, cooldown=60)
-    assert not breaker.record_failure() and not breaker.record_failure()
+    assert not breaker.record_failure()
+    assert not breaker.record_failure()
     breaker.record_success()  # not consecutive: start over
-    assert not breaker.record_failure() and not breaker.record_failure()
-    assert breaker.allow() and breaker.state == "closed"
+    assert not breaker.record_failure()
+    assert not breaker.record_failure()
+    assert breaker.allow()
+    assert breaker.state == "closed"
     assert breaker.record_failure()
-    assert breaker.state == "open" and not breaker.allow() and breaker.trips == 1
+    assert breaker.state == "open"
+    assert not breaker.allow()
+    assert breaker.trips == 1
 
 
 def test_lets_one_probe_through_after_the_cooldown() -> None:
@@ -24,13 +29,16 @@ def test_lets_one_probe_through_after_the_cooldown() -> None:
     assert breaker.record_failure()
     assert not breaker.allow()
     time.sleep(0.06)
-    assert breaker.allow() and breaker.state == "half-open"
+    assert breaker.allow()
+    assert breaker.state == "half-open"
     assert not breaker.allow()  # one probe at a time
-    assert breaker.record_failure() and breaker.trips == 2  # probe failed: open again
+    assert breaker.record_failure()
+    assert breaker.trips == 2  # probe failed: open again
     time.sleep(0.06)
     assert breaker.allow()
     breaker.record_success()
-    assert breaker.state == "closed" and breaker.allow()
+    assert breaker.state == "closed"
+    assert breaker.allow()
 
 
 def test_a_probe_that_never_reports_does_not_wedge_it_open() -> None:
@@ -49,7 +57,10 @@ def test_stragglers_failing_after_it_opened_do_not_count_as_trips() -> None:
     assert breaker.trips == 1
 
 
-@pytest.mark.parametrize(("threshold", "cooldown"), [(0, 1.0), (1.5, 1.0), (1, -1.0)])
-def test_rejects_nonsense_settings(threshold: object, cooldown: float) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("threshold", "cooldown", "named"),
+    [(0, 1.0, "threshold"), (1.5, 1.0, "threshold"), (1, -1.0, "cooldown")],
+)
+def test_rejects_nonsense_settings(threshold: object, cooldown: float, named: str) -> None:
+    with pytest.raises(ValueError, match=f"breaker {named} must be"):
         CircuitBreaker(threshold, cooldown)  # type: ignore[arg-type]

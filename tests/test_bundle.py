@@ -165,7 +165,8 @@ def test_keys_stored_with_other_contents_are_kept_and_reported(tmp_path: Path) -
     mine = Entry({"x": b"mine"})
     store.put("k1", mine)
     result = import_bundle(io.BytesIO(bundle_bytes(ENTRIES)), store)
-    assert result.conflicts == ["k1"] and result.added == 2
+    assert result.conflicts == ["k1"]
+    assert result.added == 2
     assert store.get("k1") == mine
 
 
@@ -197,4 +198,5 @@ def test_import_keeps_the_target_cap(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "c", max_bytes=100_000)
     result = import_bundle(io.BytesIO(bundle_bytes(BIG)), store)
     assert result.added == 8
-    assert store.usage()[1] <= 100_000 and store.counters.evictions >= 5
+    assert store.usage()[1] <= 100_000
+    assert store.counters.evictions >= 5

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, KeyBuilder, MemoryStore, Settings
-from kernelcache.stores.disk import store as disk_module
 
 KEY = KeyBuilder("test").add("k", 1).hexdigest()
 ENTRY = Entry({"kernel.cubin": b"\x7fELF" + os.urandom(4000)}, {"name": "k"})
@@ -25,7 +24,8 @@ def test_hit_in_lower_tier_is_promoted(tmp_path: Path) -> None:
     assert cache.get(KEY) == ENTRY
     assert memory.get(KEY) == ENTRY
     stats = cache.stats()
-    assert stats["memory"]["misses"] == 1 and stats["memory"]["puts"] == 1
+    assert stats["memory"]["misses"] == 1
+    assert stats["memory"]["puts"] == 1
     assert stats["disk"]["hits"] == 1
     assert cache.get(KEY) is memory.get(KEY)  # served by reference from memory now
 
@@ -39,7 +39,8 @@ def test_put_writes_every_writable_tier_and_skips_read_only(tmp_path: Path) -> N
     )
     cache = Cache([memory, disk, ro])
     cache.put(KEY, ENTRY)
-    assert memory.get(KEY) == ENTRY and disk.get(KEY) == ENTRY
+    assert memory.get(KEY) == ENTRY
+    assert disk.get(KEY) == ENTRY
     assert ro.get(KEY) is None
     assert cache.delete(KEY)
     assert cache.get(KEY) is None
@@ -79,7 +80,7 @@ def test_disk_full_on_put_is_counted_and_others_still_written(
     def full(src: str, dst: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(disk_module.os, "replace", full)
+    monkeypatch.setattr(os, "replace", full)  # the disk tier's rename into place
     cache = Cache([disk, memory])
     cache.put(KEY, ENTRY)
     assert memory.get(KEY) == ENTRY
@@ -122,9 +123,12 @@ def test_default_cache_honours_settings(tmp_path: Path) -> None:
     cache = Cache(settings=settings)
     assert [t.kind for t in cache.tiers] == ["memory", "disk"]
     disk = cache.tiers[1]
-    assert isinstance(disk, DiskStore) and disk.path == str(tmp_path) and disk.max_bytes == 1 << 30
+    assert isinstance(disk, DiskStore)
+    assert disk.path == str(tmp_path)
+    assert disk.max_bytes == 1 << 30
     disabled = Cache(settings=Settings.load(environ={"KERNELCACHE_DISABLE": "1"}))
-    assert disabled.tiers == [] and disabled.get(KEY) is None
+    assert disabled.tiers == []
+    assert disabled.get(KEY) is None
     assert disabled.get_or_compile(KEY, lambda: b"x")["data"] == b"x"
 
 
@@ -134,7 +138,8 @@ def test_put_entry_paths_lie_in_the_disk_tier_and_survive_its_failure(tmp_path: 
     entry = Entry({"kernel.cubin": b"\x7fELF" + b"2" * 64})
     cache.put(KEY, entry)
     path = Path(cache.get(KEY).path("kernel.cubin"))  # type: ignore[union-attr]
-    assert path.is_relative_to(tmp_path / "disk") and path.read_bytes() == entry["kernel.cubin"]
+    assert path.is_relative_to(tmp_path / "disk")
+    assert path.read_bytes() == entry["kernel.cubin"]
     # The tier's extraction area breaks (ENOTDIR): a verified private copy still serves loaders.
     other = Entry({"kernel.cubin": b"\x7fELF" + b"3" * 64})
     stored = cache.put(KEY, other)
@@ -143,7 +148,8 @@ def test_put_entry_paths_lie_in_the_disk_tier_and_survive_its_failure(tmp_path: 
     shutil.rmtree(files)
     files.write_bytes(b"")
     fallback = Path(stored.path("kernel.cubin"))
-    assert not fallback.is_relative_to(tmp_path) and fallback.read_bytes() == other["kernel.cubin"]
+    assert not fallback.is_relative_to(tmp_path)
+    assert fallback.read_bytes() == other["kernel.cubin"]
     assert disk.counters.errors >= 1
 
 

@@ -80,43 +80,56 @@ def test_ls_json_and_sorting(cache_dir: Path) -> None:
         DiskStore(cache_dir, read_only=True).info(KEYS[4]).extra["path"]  # type: ignore[union-attr]
     )
     by_hits = kc_json(cache_dir, "ls", "--sort", "hits")
-    assert by_hits[0]["key"] == KEYS[1] and by_hits[0]["hits"] == 3
+    assert by_hits[0]["key"] == KEYS[1]
+    assert by_hits[0]["hits"] == 3
     human = kc(cache_dir, "ls")
-    assert human.returncode == 0 and human.stdout.splitlines()[0].split()[:2] == ["KEY", "SIZE"]
+    assert human.returncode == 0
+    assert human.stdout.splitlines()[0].split()[:2] == ["KEY", "SIZE"]
     assert len(human.stdout.splitlines()) == 6
 
 
 def test_show_json_has_meta_sizes_and_checksums(cache_dir: Path) -> None:
     report = kc_json(cache_dir, "show", KEYS[2])
-    assert report["meta"]["name"] == "kernel2" and "compile_seconds" in report["meta"]
+    assert report["meta"]["name"] == "kernel2"
+    assert "compile_seconds" in report["meta"]
     artifacts = {a["name"]: a for a in report["artifacts"]}
     cubin = bytes([2]) * 3000
     assert artifacts["kernel.cubin"]["size"] == 3000
     assert artifacts["kernel.cubin"]["xxh3_128"] == xxhash.xxh3_128_hexdigest(cubin)
     human = kc(cache_dir, "show", KEYS[2])
-    assert human.returncode == 0 and "kernel.cubin" in human.stdout and "kernel2" in human.stdout
+    assert human.returncode == 0
+    assert "kernel.cubin" in human.stdout
+    assert "kernel2" in human.stdout
     missing = kc(cache_dir, "show", "ff" * 32)
-    assert missing.returncode == 1 and "not in the cache" in missing.stderr
+    assert missing.returncode == 1
+    assert "not in the cache" in missing.stderr
     bad = kc(cache_dir, "show", "../etc")
-    assert bad.returncode == 2 and "invalid cache key" in bad.stderr
+    assert bad.returncode == 2
+    assert "invalid cache key" in bad.stderr
 
 
 def test_stats_json_and_human(cache_dir: Path) -> None:
     report = kc_json(cache_dir, "stats")
     memory = report["lifetime"]["tiers"]["memory"]
-    assert memory["hits"] == 3 and memory["misses"] == 5
+    assert memory["hits"] == 3
+    assert memory["misses"] == 5
     assert report["lifetime"]["compile"]["compiles"] == 5
-    assert report["entries"] == 5 and report["bytes"] > 15000
+    assert report["entries"] == 5
+    assert report["bytes"] > 15000
     human = kc(cache_dir, "stats")
-    assert human.returncode == 0 and "HIT" not in human.stderr
-    assert "memory" in human.stdout and "compiles 5" in human.stdout
+    assert human.returncode == 0
+    assert "HIT" not in human.stderr
+    assert "memory" in human.stdout
+    assert "compiles 5" in human.stdout
     zeroed = kc_json(cache_dir, "stats", "--zero")
-    assert zeroed["period"]["tiers"] == {} and zeroed["lifetime"]["tiers"]["memory"]["hits"] == 3
+    assert zeroed["period"]["tiers"] == {}
+    assert zeroed["lifetime"]["tiers"]["memory"]["hits"] == 3
 
 
 def test_stats_of_an_empty_directory(tmp_path: Path) -> None:
     report = kc_json(tmp_path / "none", "stats")
-    assert report["entries"] == 0 and report["period"]["tiers"] == {}
+    assert report["entries"] == 0
+    assert report["period"]["tiers"] == {}
     assert not (tmp_path / "none").exists()  # looking creates nothing
 
 
@@ -131,12 +144,15 @@ def test_verify_reports_and_fixes_damage(cache_dir: Path) -> None:
     proc = kc(cache_dir, "verify", "--json")
     assert proc.returncode == 1  # damage found and left in place
     report = json.loads(proc.stdout)
-    assert report["checked"] == 5 and [b["key"] for b in report["bad"]] == [KEYS[3]]
+    assert report["checked"] == 5
+    assert [b["key"] for b in report["bad"]] == [KEYS[3]]
     assert "checksum" in report["bad"][0]["error"]
     assert path.exists()  # without --fix nothing is removed
     fixed = kc(cache_dir, "verify", "--fix")
-    assert fixed.returncode == 0 and "removed" in fixed.stdout
-    assert not path.exists() and len(entry_files(cache_dir)) == 4
+    assert fixed.returncode == 0
+    assert "removed" in fixed.stdout
+    assert not path.exists()
+    assert len(entry_files(cache_dir)) == 4
 
 
 def test_prune_by_entries_size_and_age(cache_dir: Path) -> None:
@@ -154,7 +170,7 @@ def test_prune_by_entries_size_and_age(cache_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    ("args", "message"),
     [
         pytest.param(["prune", "--max-size", "5X"], "invalid size", id="bad-size"),
         pytest.param(["prune", "--older-than", "soon"], "invalid age", id="bad-age"),
@@ -168,13 +184,15 @@ def test_prune_by_entries_size_and_age(cache_dir: Path) -> None:
 )
 def test_bad_arguments_exit_2(cache_dir: Path, args: list[str], message: str) -> None:
     proc = kc(cache_dir, *args)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
     assert len(entry_files(cache_dir)) == 5
 
 
 def test_bad_environment_setting_exits_2(cache_dir: Path) -> None:
     proc = kc(cache_dir, "stats", env={"KERNELCACHE_MAX_SIZE": "lots"})
-    assert proc.returncode == 2 and "invalid size" in proc.stderr
+    assert proc.returncode == 2
+    assert "invalid size" in proc.stderr
 
 
 def test_export_clear_import_restores_every_entry_byte_for_byte(
@@ -183,14 +201,18 @@ def test_export_clear_import_restores_every_entry_byte_for_byte(
     before = entry_files(cache_dir)
     bundle = tmp_path / "warm.kcb"
     exported = kc(cache_dir, "export", str(bundle))
-    assert exported.returncode == 0 and "exported 5 entries" in exported.stdout
+    assert exported.returncode == 0
+    assert "exported 5 entries" in exported.stdout
     cleared = kc(cache_dir, "clear", "--yes")
-    assert cleared.returncode == 0 and entry_files(cache_dir) == {}
+    assert cleared.returncode == 0
+    assert entry_files(cache_dir) == {}
     imported = kc(cache_dir, "import", str(bundle))
-    assert imported.returncode == 0 and "imported 5 entries" in imported.stdout
+    assert imported.returncode == 0
+    assert "imported 5 entries" in imported.stdout
     assert entry_files(cache_dir) == before
     again = kc(cache_dir, "import", str(bundle))
-    assert "imported 0 entries" in again.stdout and "5 were already present" in again.stdout
+    assert "imported 0 entries" in again.stdout
+    assert "5 were already present" in again.stdout
     # Into a fresh directory, too.
     fresh = tmp_path / "fresh"
     assert kc(fresh, "import", str(bundle)).returncode == 0
@@ -216,32 +238,38 @@ def test_damaged_bundle_imports_nothing(cache_dir: Path, tmp_path: Path) -> None
     for damaged in (data[: len(data) - 30], data[: len(data) // 2]):
         bundle.write_bytes(damaged)
         proc = kc(fresh, "import", str(bundle))
-        assert proc.returncode == 1 and "truncated" in proc.stderr
+        assert proc.returncode == 1
+        assert "truncated" in proc.stderr
         assert "nothing imported" in proc.stderr
         assert not fresh.exists() or entry_files(fresh) == {}
     flipped = bytearray(data)
     flipped[len(data) - 40] ^= 1  # inside the last entry's data: found only at the end
     bundle.write_bytes(bytes(flipped))
     proc = kc(fresh, "import", str(bundle))
-    assert proc.returncode == 1 and "record 4 is not a valid entry" in proc.stderr
+    assert proc.returncode == 1
+    assert "record 4 is not a valid entry" in proc.stderr
     assert not fresh.exists() or entry_files(fresh) == {}
 
 
 def test_config_shows_sources(tmp_path: Path) -> None:
     rows = kc_json(tmp_path / "c", "config")
     by_name = {r["name"]: r for r in rows}
-    assert by_name["dir"]["value"] == str(tmp_path / "c") and by_name["dir"]["source"] == "argument"
+    assert by_name["dir"]["value"] == str(tmp_path / "c")
+    assert by_name["dir"]["source"] == "argument"
     assert by_name["max_bytes"]["source"] == "default"
     assert by_name["max_bytes"]["variable"] == "KERNELCACHE_MAX_SIZE"
     env = kc(None, "config", env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_SECRET": "s3"})
-    assert "environment KERNELCACHE_DIR" in env.stdout and "s3" not in env.stdout
+    assert "environment KERNELCACHE_DIR" in env.stdout
+    assert "s3" not in env.stdout
 
 
 def test_dir_option_after_the_command_and_help(tmp_path: Path) -> None:
     proc = kc(None, "config", "--json", "--dir", str(tmp_path / "x"))
     assert json.loads(proc.stdout)[0]["value"] == str(tmp_path / "x")
     helped = kc(None, "--help")
-    assert helped.returncode == 0 and "export" in helped.stdout and "nvcc" in helped.stdout
+    assert helped.returncode == 0
+    assert "export" in helped.stdout
+    assert "nvcc" in helped.stdout
 
 
 def test_delegated_commands_keep_their_arguments() -> None:
@@ -305,7 +333,8 @@ def test_import_from_standard_input_and_a_named_pipe(cache_dir: Path, tmp_path: 
         capture_output=True,
         timeout=60,
     )
-    assert proc.returncode == 0 and b"imported 5 entries" in proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert b"imported 5 entries" in proc.stdout, proc.stderr
     assert entry_files(fresh) == entry_files(cache_dir)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -319,7 +348,8 @@ def test_import_from_standard_input_and_a_named_pipe(cache_dir: Path, tmp_path: 
 
     threading.Thread(target=feed, daemon=True).start()
     proc2 = kc(other, "import", str(fifo))
-    assert proc2.returncode == 0 and "imported 5 entries" in proc2.stdout, proc2.stderr
+    assert proc2.returncode == 0, proc2.stderr
+    assert "imported 5 entries" in proc2.stdout, proc2.stderr
     assert entry_files(other) == entry_files(cache_dir)
 
 
@@ -335,6 +365,7 @@ def test_import_refuses_a_key_twice_with_different_contents(tmp_path: Path) -> N
         writer.finish()
     fresh = tmp_path / "fresh"
     proc = kc(fresh, "import", str(bundle))
-    assert proc.returncode == 1 and "appears twice with different contents" in proc.stderr
+    assert proc.returncode == 1
+    assert "appears twice with different contents" in proc.stderr
     assert "nothing imported" in proc.stderr
     assert not fresh.exists() or entry_files(fresh) == {}

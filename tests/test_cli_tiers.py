@@ -44,20 +44,25 @@ def fill(settings: Settings, count: int, size: int) -> list[str]:
 def test_the_sqlite_tier_is_seen_by_every_command(tmp_path: Path) -> None:
     env = {"KERNELCACHE_DIR": str(tmp_path / "c"), "KERNELCACHE_LOCAL": "sqlite"}
     keys = fill(Settings.load(environ=env), 4, 1000)
-    assert (tmp_path / "c" / "cache.sqlite").is_file() and not (tmp_path / "c" / "v1" / "entries").exists()
+    assert (tmp_path / "c" / "cache.sqlite").is_file()
+    assert not (tmp_path / "c" / "v1" / "entries").exists()
     rows = kc_json("ls", env=env)
-    assert sorted(r["key"] for r in rows) == keys and {r["tier"] for r in rows} == {"sqlite"}
+    assert sorted(r["key"] for r in rows) == keys
+    assert {r["tier"] for r in rows} == {"sqlite"}
     assert kc_json("show", keys[0], env=env)["tier"] == "sqlite"
     stats = kc_json("stats", env=env)
-    assert stats["usage"]["sqlite"]["entries"] == 4 and stats["lifetime"]["tiers"]["sqlite"]["puts"] == 4
+    assert stats["usage"]["sqlite"]["entries"] == 4
+    assert stats["lifetime"]["tiers"]["sqlite"]["puts"] == 4
     assert kc_json("verify", env=env) == {"checked": 4, "bad": []}
     bundle = tmp_path / "b.kcb"
     assert kc("export", str(bundle), env=env).returncode == 0
-    assert kc("clear", "--yes", env=env).returncode == 0 and kc_json("ls", env=env) == []
+    assert kc("clear", "--yes", env=env).returncode == 0
+    assert kc_json("ls", env=env) == []
     assert kc("import", str(bundle), env=env).returncode == 0
     assert sorted(r["key"] for r in kc_json("ls", env=env)) == keys
     pruned = kc("prune", "--max-entries", "1", env=env)
-    assert pruned.returncode == 0 and "removed 3 entries" in pruned.stdout
+    assert pruned.returncode == 0
+    assert "removed 3 entries" in pruned.stdout
     assert len(kc_json("ls", env=env)) == 1
 
 
@@ -81,7 +86,8 @@ def test_prune_reports_what_really_remains(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     remaining = kc_json("ls", env=env)
     said = out.stdout.split(";")[1].split()[0]
-    assert int(said) == len(remaining) and sum(r["size"] for r in remaining) <= 300 << 10
+    assert int(said) == len(remaining)
+    assert sum(r["size"] for r in remaining) <= 300 << 10
 
 
 def test_the_remote_tier_is_listed_and_looking_changes_nothing(
@@ -102,4 +108,5 @@ def test_the_remote_tier_is_listed_and_looking_changes_nothing(
 @pytest.mark.parametrize("value", ["lmdb", "1"])
 def test_an_unknown_local_tier_is_a_config_error(tmp_path: Path, value: str) -> None:
     out = kc("stats", env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_LOCAL": value})
-    assert out.returncode == 2 and "KERNELCACHE_LOCAL must be one of disk, sqlite" in out.stderr
+    assert out.returncode == 2
+    assert "KERNELCACHE_LOCAL must be one of disk, sqlite" in out.stderr

@@ -308,7 +308,7 @@ def test_eviction_spares_an_entry_republished_after_it_decided(
         os.utime(entry_file(store, key), (then, then))
     newer = entry_of("republished")
     real_rename = os.rename
-    republished = []
+    republished: list[Any] = []
 
     def rename(src: Any, dst: Any) -> None:
         if os.fspath(src) == str(entry_file(store, victim)) and not republished:
@@ -325,7 +325,8 @@ def test_eviction_spares_an_entry_republished_after_it_decided(
     assert republished
     assert store.get(victim) == newer
     assert store.counters.evictions == 1
-    assert store.get(second) is None and store.get(third) is not None
+    assert store.get(second) is None
+    assert store.get(third) is not None
     assert staging_items(store) == []
 
 
@@ -339,7 +340,8 @@ def test_entry_path_is_a_verified_file_inside_the_store(tmp_path: Path) -> None:
     assert Path(path).read_bytes() == got["kernel.cubin"]
     assert got.path("kernel.cubin") == path  # extracted once
     again = store.get("k")
-    assert again is not None and again.path("kernel.cubin") == path
+    assert again is not None
+    assert again.path("kernel.cubin") == path
     # The extracted bytes count toward the cap and are freed with the entry.
     assert store.usage()[1] >= entry_file(store, "k").stat().st_size + 50_000
     store.delete("k")
@@ -384,7 +386,8 @@ def test_extraction_finished_by_another_process_meanwhile_is_kept(
     store = DiskStore(tmp_path / "c")
     store.put("k", entry_of("k"))
     mine, theirs = store.get("k"), store.get("k")
-    assert mine is not None and theirs is not None
+    assert mine is not None
+    assert theirs is not None
     real_serves = Extractor.serves
     loader: list[int] = []
     raced: list[bool] = []
@@ -452,7 +455,8 @@ def test_what_the_shard_accounting_left_is_removed_on_open(tmp_path: Path) -> No
     (root / "v1" / "shards").mkdir()
     (root / "v1" / "shards" / "0").write_bytes(bytes(16))
     reopened = DiskStore(root)
-    assert not (root / "v1" / "files").exists() and not (root / "v1" / "shards").exists()
+    assert not (root / "v1" / "files").exists()
+    assert not (root / "v1" / "shards").exists()
     assert reopened.get("k") == entry_of("k")
     assert reopened.usage() == (1, entry_file(store, "k").stat().st_size)
     DiskStore(root, read_only=True)  # a read-only open removes nothing (nothing left to see)
@@ -481,5 +485,7 @@ def test_an_entry_of_more_parts_than_one_writev_takes_is_written_whole(
         monkeypatch.undo()
         assert entry_file(store, "k").read_bytes() == Entry(artifacts).pack("k")
         got = store.get("k")
-        assert got is not None and dict(got) == artifacts
-    assert max(calls) <= 1024 and len(calls) > 2
+        assert got is not None
+        assert dict(got) == artifacts
+    assert max(calls) <= 1024
+    assert len(calls) > 2

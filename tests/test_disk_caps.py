@@ -12,6 +12,7 @@ import pytest
 from kernelcache import Cache, Entry, Settings
 from kernelcache.stores.disk import LOW_WATER, DiskStore, shard_of
 from kernelcache.stores.disk import space as space_module
+from kernelcache.stores.disk.layout import Found, Layout, scan_shard
 
 CAP = 1 << 20
 
@@ -74,7 +75,8 @@ def test_eviction_takes_the_least_recently_used_of_the_whole_tier(tmp_path: Path
         store.put(f"new{i}", blob(100 + i, size))
     left = {k for k in keys if store.get(k) is not None}
     evicted = [k for k in keys if k not in left]
-    assert evicted == keys[: len(evicted)] and evicted, evicted  # oldest first, across shards
+    assert evicted, "the cap evicted nothing"
+    assert evicted == keys[: len(evicted)], evicted  # oldest first, across shards
     assert all(store.get(f"new{i}") is not None for i in range(4))
 
 
@@ -104,10 +106,12 @@ def test_no_put_scans_the_whole_tier(tmp_path: Path, monkeypatch: pytest.MonkeyP
         store.put(f"k{i:05d}", blob(i, 1000))
     store.max_bytes = store.usage()[1]  # full: from here on every put evicts
     scans: list[str] = []
-    real = space_module.scan_shard
-    monkeypatch.setattr(
-        space_module, "scan_shard", lambda layout, shard: scans.append(shard) or real(layout, shard)
-    )
+
+    def counted_scan(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
+        scans.append(shard)
+        return scan_shard(layout, shard)
+
+    monkeypatch.setattr(space_module, "scan_shard", counted_scan)
     for i in range(300):  # at the cap: every put evicts
         store.put(f"n{i:05d}", blob(i, 1000))
     assert store.counters.evictions >= 250
@@ -123,7 +127,8 @@ def test_entry_path_on_a_capped_tier_is_a_file_with_the_bytes(tmp_path: Path) ->
         path = Path(stored.path("kernel.cubin"))
         assert path.read_bytes() == stored["kernel.cubin"]
         again = store.get(f"k{i}")
-        assert again is not None and Path(again.path("kernel.cubin")) == path
+        assert again is not None
+        assert Path(again.path("kernel.cubin")) == path
     assert on_disk(Path(store.path)) <= CAP
 
 
@@ -157,7 +162,8 @@ def test_an_entry_larger_than_the_cap_is_refused_without_evicting_others(tmp_pat
     for i in range(4):
         store.put(f"k{i}", blob(i, CAP // 8))
     stored = store.put("huge", blob(9, CAP))
-    assert store.get("huge") is None and store.counters.evictions == 1
+    assert store.get("huge") is None
+    assert store.counters.evictions == 1
     assert all(store.get(f"k{i}") is not None for i in range(4))
     assert Path(stored.path("kernel.cubin")).read_bytes() == stored["kernel.cubin"]  # private
 
@@ -185,7 +191,8 @@ def test_damaged_lru_queues_only_cost_a_rescan(tmp_path: Path) -> None:
         queue.write_bytes(os.urandom(50))
     for i in range(150, 200):
         store.put(f"k{i}", blob(i, 10_000))
-    assert store.get("k199") is not None and store.get("k0") is None
+    assert store.get("k199") is not None
+    assert store.get("k0") is None
     assert store.usage()[1] == on_disk(Path(store.path)) <= CAP
 
 
@@ -255,6 +262,12 @@ def test_a_read_only_launcher_starts_no_server_in_the_directory(
     monkeypatch.setenv("KERNELCACHE_READONLY", "1")
     monkeypatch.delenv("KERNELCACHE_SERVER", raising=False)
     ran: list[list[str]] = []
-    rc = client.serve(["nvcc", "--version"], lambda argv: ran.append(argv) or 0, lambda n, a: 1)
-    assert rc == 0 and ran == [["nvcc", "--version"]]  # in-process, no server asked
+
+    def local(argv: list[str]) -> int:
+        ran.append(argv)
+        return 0
+
+    rc = client.serve(["nvcc", "--version"], local, lambda n, a: 1)
+    assert rc == 0
+    assert ran == [["nvcc", "--version"]]  # in-process, no server asked
     assert snapshot(root) == before

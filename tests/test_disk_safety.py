@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,7 +71,8 @@ def test_verify_checks_extracted_files(tmp_path: Path) -> None:
     with open(path, "r+b") as f:
         f.write(b"\0" * 16)
     proc = kc(root, "verify")
-    assert proc.returncode == 1 and "extracted" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "extracted" in proc.stdout, proc.stdout + proc.stderr
     assert kc(root, "verify", "--fix").returncode == 0
     assert kc(root, "verify").returncode == 0
     store = DiskStore(root)
@@ -171,8 +172,19 @@ def test_a_symlinked_staging_directory_receives_nothing(tmp_path: Path) -> None:
         got = store.get(KEY)
         assert got is not None
         got.path("kernel.cubin")
-    assert files_under(elsewhere) == [] and elsewhere.stat().st_mtime_ns == 0
+    assert files_under(elsewhere) == []
+    assert elsewhere.stat().st_mtime_ns == 0
     assert store.counters.refused >= 1
+
+
+def counted_compile(calls: list[int]) -> Callable[[], Entry]:
+    """A compile function that notes each run in ``calls``."""
+
+    def compile_() -> Entry:
+        calls.append(1)
+        return Entry({"kernel.cubin": b"mine"})
+
+    return compile_
 
 
 def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
@@ -185,9 +197,10 @@ def test_a_symlinked_shard_directory_is_not_read(tmp_path: Path) -> None:
         shutil.rmtree(shard)
     shard.symlink_to(planted)
     cache = Cache([DiskStore(root)])
-    calls = []
-    got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
-    assert calls == [1] and got["kernel.cubin"] == b"mine"
+    calls: list[int] = []
+    got = cache.get_or_compile(KEY, counted_compile(calls))
+    assert calls == [1]
+    assert got["kernel.cubin"] == b"mine"
 
 
 def test_a_shard_directory_swapped_for_a_link_after_use_is_not_followed(tmp_path: Path) -> None:
@@ -250,12 +263,16 @@ def test_a_directory_others_can_write_is_refused_and_the_cache_still_works(
     root = poisoned(tmp_path, how)
     before = files_under(root)
     with Cache(settings=Settings.load(dir=str(root))) as cache:
-        calls = []
-        got = cache.get_or_compile(KEY, lambda: calls.append(1) or Entry({"kernel.cubin": b"mine"}))
-        assert calls == [1] and got["kernel.cubin"] == b"mine"  # compiled, not served
-        assert cache.get(KEY)["kernel.cubin"] == b"mine"  # type: ignore[index]  (memory)
+        calls: list[int] = []
+        got = cache.get_or_compile(KEY, counted_compile(calls))
+        assert calls == [1]
+        assert got["kernel.cubin"] == b"mine"  # compiled, not served
+        again = cache.get(KEY)  # from the memory tier
+        assert again is not None
+        assert again["kernel.cubin"] == b"mine"
         disk = cache.tiers[1]
-        assert isinstance(disk, DiskStore) and disk.unusable is not None
+        assert isinstance(disk, DiskStore)
+        assert disk.unusable is not None
         assert disk.counters.refused == 1
         cache.flush_stats()
     assert "refusing cache directory" in caplog.text
@@ -296,7 +313,7 @@ def test_cache_works_on_a_read_only_cache_directory(tmp_path: Path) -> None:
     with read_only(root), Cache(settings=Settings.load(dir=str(root))) as cache:
         got = cache.get(KEY)
         assert got == entry()
-        assert Path(got.path("kernel.cubin")).read_bytes() == ARTIFACT  # type: ignore[union-attr]
+        assert Path(got.path("kernel.cubin")).read_bytes() == ARTIFACT
         assert cache.get_or_compile("j" * 32, lambda: b"new")["data"] == b"new"
         cache.flush_stats()
 

@@ -30,7 +30,8 @@ def test_missing_package_names_the_extra(module: str, package: str) -> None:
     )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ModuleNotFoundError") and f"kernelcache[{module}]" in last, proc.stderr
+    assert last.startswith("ModuleNotFoundError"), proc.stderr
+    assert f"kernelcache[{module}]" in last, proc.stderr
 
 
 def test_core_imports_no_integration() -> None:

@@ -15,7 +15,7 @@ from kernelcache.entry_format import MAGIC
 from kernelcache.errors import CorruptEntry
 
 names = st.text(
-    alphabet=st.characters(blacklist_characters="/\\\0", blacklist_categories=("Cs",)),
+    alphabet=st.characters(exclude_characters="/\\\0", exclude_categories=["Cs"]),
     min_size=1,
     max_size=40,
 ).filter(lambda n: n not in (".", ".."))

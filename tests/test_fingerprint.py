@@ -36,7 +36,8 @@ def load(tmp_path: Path, source: str) -> ModuleType:
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(source))
     spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -113,7 +114,8 @@ def test_builtins_and_functions_without_source_are_stable() -> None:
     exec("def f(x):\n    return x + 1\n", namespace)
     exec("def g(x):\n    return x + 2\n", namespace)
     f, g = namespace["f"], namespace["g"]
-    assert callable(f) and callable(g)
+    assert callable(f)
+    assert callable(g)
     assert fingerprint.function(f) != fingerprint.function(g)
 
 

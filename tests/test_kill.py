@@ -13,6 +13,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from kernelcache.stores.disk import DiskStore
 from store_workers import KILL_KEYS, OPENERS, check_value, make_value, open_store
 
 ROUNDS = 6
-OPTIONS = {"max_bytes": 4 << 20}  # ten keys of up to 1 MiB: writers are killed mid-eviction too
+OPTIONS: dict[str, Any] = {"max_bytes": 4 << 20}  # ten keys of up to 1 MiB: writers are killed mid-eviction too
 #: Tiers whose usage() stays exact across a crash (a transaction); DiskStore's
 #: counter may be left high by a writer killed mid-change, never low.
 EXACT_AFTER_CRASH = {"disk": False, "sqlite": True}
@@ -75,7 +76,8 @@ def test_writers_killed_mid_put(tmp_path: Path, kind: str) -> None:
                 proc.join()
     assert reader.exitcode == 0
     result = json.loads(reader_result.read_text())
-    assert result["bad"] == [] and result["store_errors"] == []
+    assert result["bad"] == []
+    assert result["store_errors"] == []
     assert result["counters"]["corrupt"] == 0
     assert result["hits"] > 0
 
@@ -93,11 +95,13 @@ def test_writers_killed_mid_put(tmp_path: Path, kind: str) -> None:
         else:  # high, never low: a crash cannot let the tier outgrow its cap
             assert isinstance(store, DiskStore)
             counted = store.usage()
-            assert counted[0] >= actual[0] and counted[1] >= actual[1], (counted, actual)
+            assert counted[0] >= actual[0], (counted, actual)
+            assert counted[1] >= actual[1], (counted, actual)
             assert store.recount() == actual
         store.put("after", make_value("after", 0, 0, b"works"))
         got = store.get("after")
-        assert got is not None and check_value("after", got) is None
+        assert got is not None
+        assert check_value("after", got) is None
     if kind == "disk":
         check_disk_staging_after_kills(path)
 

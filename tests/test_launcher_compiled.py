@@ -148,7 +148,8 @@ class Setup:
     def warm(self) -> subprocess.CompletedProcess[bytes]:
         """A miss, then the server started: the next call is the compiled client's hit."""
         miss = self.run()
-        assert miss.returncode == 0 and stats(self.cache)["misses"] == 1, miss.stderr
+        assert miss.returncode == 0, miss.stderr
+        assert stats(self.cache)["misses"] == 1, miss.stderr
         start_server(self.cache, self.env)
         return miss
 
@@ -170,7 +171,8 @@ def test_the_front_names_this_source_and_both_clients_speak_one_protocol(built: 
         f"client.c changed: bin/kernelcache must name {expected}"
     )
     define = re.search(rb'#define KC_PROTOCOL "([^"]*)"', source)
-    assert define is not None and define.group(1) == client.PROTOCOL
+    assert define is not None
+    assert define.group(1) == client.PROTOCOL
     out = subprocess.run([str(built), "--protocol"], capture_output=True, check=True).stdout
     assert out == client.PROTOCOL + b"\n"
     assert stat.S_IMODE(built.stat().st_mode) == 0o700
@@ -243,7 +245,8 @@ def test_the_compiled_client_asks_and_answers_as_the_python_client(
         fake.close()
     assert fake.compiled == [False, True]
     assert fake.requests[0] == fake.requests[1]
-    assert fake.requests[0] is not None and fake.requests[0][2] == directory
+    assert fake.requests[0] is not None
+    assert fake.requests[0][2] == directory
     assert results[0] == results[1]
     if reply == HIT:
         assert results[1] == (3, bytes(range(256)) * 4 + b"\0end", b"warning: x\n" * 100_000)
@@ -355,7 +358,8 @@ def test_compiled_client_hits_are_what_nvcc_gave(setup: Setup) -> None:
             p.unlink(missing_ok=True)
     # No server yet: the compiled client hands over to the Python client, which starts one.
     miss = setup.run(obj)
-    assert miss.returncode == 0 and stats(setup.cache)["misses"] == 1
+    assert miss.returncode == 0
+    assert stats(setup.cache)["misses"] == 1
     assert miss.stderr == plain["obj"][0].stderr
     start_server(setup.cache, setup.env)
     assert setup.run().returncode == 0  # the CUBIN miss
@@ -380,13 +384,15 @@ def test_compiled_client_hits_are_what_nvcc_gave(setup: Setup) -> None:
     assert stats(setup.cache) == {**stats(setup.cache), "hits": 4, "server_hits": 4, "failed": 1}
     server.stop(str(setup.cache))
     report = answered(setup.cache)
-    assert report["compiled hit"] == 4 and report["python hit"] == 0
+    assert report["compiled hit"] == 4
+    assert report["python hit"] == 0
     assert report["compiled plain"] == 1  # --version: uncacheable, nvcc run by the client
     assert report["compiled fallback"] == 2  # the CUBIN miss and the failed compile
 
 
 def _same_cubin(s: Setup, proc: subprocess.CompletedProcess[bytes], cold: bytes) -> None:
-    assert proc.returncode == 0 and b"unused_on_purpose" in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert b"unused_on_purpose" in proc.stderr, proc.stderr
     assert (s.project / "k.cubin").read_bytes() == cold
 
 
@@ -419,7 +425,8 @@ def test_a_stopped_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
         _same_cubin(setup, setup.run(KERNELCACHE_SERVER_TIMEOUT="1"), cold)
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert stats(setup.cache)["hits"] == 1 and stats(setup.cache)["server_hits"] == 0
+    assert stats(setup.cache)["hits"] == 1
+    assert stats(setup.cache)["server_hits"] == 0
 
 
 @needs_nvcc
@@ -445,10 +452,12 @@ def test_an_older_client_leaves_the_server_and_asks_through_python(
     pid = server_pid(setup.cache)
     for _ in range(3):
         _same_cubin(setup, setup.run(), cold)
-    assert server_pid(setup.cache) == pid and stats(setup.cache)["server_hits"] == 3
+    assert server_pid(setup.cache) == pid
+    assert stats(setup.cache)["server_hits"] == 3
     server.stop(str(setup.cache))
     report = answered(setup.cache)
-    assert report["compiled fallback"] == 3 and report["python hit"] == 3
+    assert report["compiled fallback"] == 3
+    assert report["python hit"] == 3
 
 
 @needs_nvcc
@@ -525,10 +534,12 @@ def test_an_odd_reply_ends_in_a_correct_local_compile(warm_cache: Setup, name: s
         proc = s.run()
     finally:
         fake.close()
-    assert b"Sanitizer" not in proc.stderr and b"runtime error" not in proc.stderr, proc.stderr
+    assert b"Sanitizer" not in proc.stderr, proc.stderr
+    assert b"runtime error" not in proc.stderr, proc.stderr
     _same_cubin(s, proc, s.cold)
     assert fake.compiled == [True]
-    assert stats(s.cache)["hits"] == before + 1 and stats(s.cache)["server_hits"] == 0
+    assert stats(s.cache)["hits"] == before + 1
+    assert stats(s.cache)["server_hits"] == 0
 
 
 # The server builds it ---------------------------------------------------------------
@@ -543,7 +554,8 @@ def test_the_server_builds_the_client_in_the_background(tmp_path: Path) -> None:
     finally:
         server.stop(str(cache))
     st = os.lstat(client_path(cache))
-    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
+    assert stat.S_ISREG(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o700
     assert st.st_uid == os.getuid()
     assert "kernelcache server: built " in (cache / "launcher.log").read_text()
     assert _counter(cache, "compiled_client_built") == 1
@@ -640,7 +652,8 @@ def test_start_builds_only_what_is_missing(tmp_path: Path, monkeypatch: pytest.M
     thread = native.start(str(cache), {})
     assert thread is not None
     thread.join()
-    assert not client_path(cache).exists() and _counter(cache, "compiled_client_failed") == 1
+    assert not client_path(cache).exists()
+    assert _counter(cache, "compiled_client_failed") == 1
     assert native.start(str(cache), {}) is None  # the failure is remembered
     assert len((fake / "calls").read_text().splitlines()) == len(native.FLAG_SETS)
     monkeypatch.setattr(native, "host_name", lambda: None)

@@ -75,7 +75,8 @@ def setup(tmp_path: Path) -> Iterator[Setup]:
 def warm(s: Setup) -> subprocess.CompletedProcess[bytes]:
     """A miss (in-process), then the server started: the next call is a server hit."""
     miss = s.run()
-    assert miss.returncode == 0 and stats(s.cache)["misses"] == 1
+    assert miss.returncode == 0
+    assert stats(s.cache)["misses"] == 1
     start_server(s.cache, s.env)
     return miss
 
@@ -111,7 +112,8 @@ def test_a_missing_server_is_started_by_the_next_call(setup: Setup) -> None:
 def test_server_off(setup: Setup) -> None:
     for _ in range(3):
         assert setup.run(KERNELCACHE_SERVER="0").returncode == 0
-    assert server_pid(setup.cache) is None and stats(setup.cache)["hits"] == 2
+    assert server_pid(setup.cache) is None
+    assert stats(setup.cache)["hits"] == 2
 
 
 def test_idle_server_exits_by_itself(setup: Setup) -> None:
@@ -131,7 +133,8 @@ def test_crashed_server_is_replaced(setup: Setup) -> None:
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the killed server to go")
     assert (setup.cache / "launcher.sock").exists()  # stale: nobody listens
     after_crash = setup.run()
-    assert after_crash.returncode == 0 and b"unused_on_purpose" in after_crash.stderr
+    assert after_crash.returncode == 0
+    assert b"unused_on_purpose" in after_crash.stderr
     wait_for(lambda: server_pid(setup.cache) not in (None, pid), 60, "a new server")
     wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "it to listen")
     before = stats(setup.cache)["server_hits"]
@@ -147,8 +150,10 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
     try:
         (setup.project / "k.cubin").unlink()
         proc = setup.run(KERNELCACHE_SERVER_TIMEOUT="1")
-        assert proc.returncode == 0 and (setup.project / "k.cubin").stat().st_size > 100
-        assert stats(setup.cache)["server_hits"] == 0 and stats(setup.cache)["hits"] == 1
+        assert proc.returncode == 0
+        assert (setup.project / "k.cubin").stat().st_size > 100
+        assert stats(setup.cache)["server_hits"] == 0
+        assert stats(setup.cache)["hits"] == 1
     finally:
         os.kill(pid, signal.SIGCONT)
 
@@ -169,9 +174,11 @@ def test_a_server_that_dies_mid_request_is_not_trusted(setup: Setup, reply: byte
         proc = setup.run(KERNELCACHE_SERVER_TIMEOUT="30")
     finally:
         fake.close()
-    assert proc.returncode == 0 and b"unused_on_purpose" in proc.stderr
+    assert proc.returncode == 0
+    assert b"unused_on_purpose" in proc.stderr
     assert (setup.project / "k.cubin").stat().st_size > 100
-    assert stats(setup.cache)["hits"] == 1 and stats(setup.cache)["server_hits"] == 0
+    assert stats(setup.cache)["hits"] == 1
+    assert stats(setup.cache)["server_hits"] == 0
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the socket away")
@@ -179,7 +186,8 @@ def test_a_socket_owned_by_someone_else_is_never_used(setup: Setup) -> None:
     warm(setup)
     os.chown(setup.cache / "launcher.sock", 12345, -1, follow_symlinks=False)
     assert setup.run().returncode == 0
-    assert stats(setup.cache)["server_hits"] == 0 and stats(setup.cache)["hits"] == 1
+    assert stats(setup.cache)["server_hits"] == 0
+    assert stats(setup.cache)["hits"] == 1
 
 
 def test_failed_compiles_pass_through_the_executable(setup: Setup) -> None:
@@ -192,15 +200,18 @@ def test_failed_compiles_pass_through_the_executable(setup: Setup) -> None:
         proc = setup.run(args)
         assert proc.returncode == plain.returncode != 0
         assert proc.stderr == plain.stderr
-    assert stats(setup.cache)["failed"] == 2 and stats(setup.cache)["hits"] == 0
+    assert stats(setup.cache)["failed"] == 2
+    assert stats(setup.cache)["hits"] == 0
 
 
 def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Setup) -> None:
     warm(setup)
     proc = setup.run(["--version"])
-    assert proc.returncode == 0 and b"Cuda compilation tools" in proc.stdout
+    assert proc.returncode == 0
+    assert b"Cuda compilation tools" in proc.stdout
     report = json.loads((setup.cache / "nvcc-stats.json").read_bytes())
-    assert report["uncacheable"] == 1 and report["reasons"] == {"--version": 1}
+    assert report["uncacheable"] == 1
+    assert report["reasons"] == {"--version": 1}
 
 
 def _ask_with(cache: Path, protocol: bytes) -> list[bytes] | None:
@@ -230,7 +241,8 @@ def test_an_older_or_unknown_protocol_leaves_the_server_running(
     for _ in range(2):
         assert _ask_with(setup.cache, protocol) == [b"fallback", b"protocol"]
     assert setup.run().returncode == 0
-    assert server_pid(setup.cache) == pid and stats(setup.cache)["server_hits"] == 1
+    assert server_pid(setup.cache) == pid
+    assert stats(setup.cache)["server_hits"] == 1
 
 
 def test_server_hits_are_in_the_cache_statistics(setup: Setup) -> None:
@@ -288,7 +300,8 @@ def test_an_importing_process_uses_the_server_too(
         monkeypatch.setenv(name, value)
     # No cache directory yet: no server to ask, none can be started, the launcher runs here.
     assert client.main(["nvcc", *ARGS]) == 0
-    assert stats(setup.cache)["misses"] == 1 and server_pid(setup.cache) is None
+    assert stats(setup.cache)["misses"] == 1
+    assert server_pid(setup.cache) is None
     # A directory, no server: a local hit, and a server started for the next call.
     assert client.main(["nvcc", *ARGS]) == 0
     wait_for(lambda: (setup.cache / "launcher.sock").exists(), 60, "the server to listen")
@@ -303,7 +316,8 @@ def test_an_importing_process_uses_the_server_too(
     assert stats(setup.cache)["uncacheable"] == 1
     monkeypatch.setenv("KERNELCACHE_SERVER", "off")
     assert client.main(["nvcc", *ARGS]) == 0
-    assert stats(setup.cache)["server_hits"] == 1 and stats(setup.cache)["hits"] == 3
+    assert stats(setup.cache)["server_hits"] == 1
+    assert stats(setup.cache)["hits"] == 3
 
 
 def test_outputs_written_by_the_server_get_the_callers_umask(setup: Setup) -> None:

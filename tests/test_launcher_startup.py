@@ -137,7 +137,8 @@ def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
             [sys.executable, "-c", code], cwd=project, env=env, capture_output=True, check=True
         )
         rc, *imported = run.stdout.decode().split()
-        assert rc == "0" and stats(tmp_path / "cache")["server_hits"] == 2
+        assert rc == "0"
+        assert stats(tmp_path / "cache")["server_hits"] == 2
         heavy = set(NOT_ON_THE_HIT_PATH) - {"os", "re", "typing"}  # site imports those
         assert not set(imported) & heavy
     finally:

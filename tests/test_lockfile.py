@@ -111,19 +111,22 @@ def test_sweep_removes_only_stale_unheld_locks(tmp_path: Path) -> None:
     lock = FileFlightLock(str(held))
     assert lock.acquire(0)
     assert sweep_locks(str(tmp_path)) == 1
-    assert not stale.exists() and held.exists()
+    assert not stale.exists()
+    assert held.exists()
     lock.release()
 
 
 def test_disk_store_lock_per_key_and_none_when_read_only(tmp_path: Path) -> None:
     store = DiskStore(tmp_path)
     a, b = store.flight_lock("a"), store.flight_lock("b")
-    assert a is not None and b is not None
-    assert a.acquire(0) and b.acquire(0)  # different keys do not exclude each other
+    assert a is not None
+    assert b is not None
+    assert a.acquire(0)
+    assert b.acquire(0)  # different keys do not exclude each other
     a.release()
     b.release()
     assert DiskStore(tmp_path, read_only=True).flight_lock("a") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid cache key"):
         store.flight_lock("../x")
 
 
@@ -146,7 +149,8 @@ def test_forked_child_does_not_keep_a_released_lock(tmp_path: Path) -> None:
         start = time.monotonic()
         holder.release()
         thread.join(10)
-        assert got == [True] and time.monotonic() - start < 2.0
+        assert got == [True]
+        assert time.monotonic() - start < 2.0
         waiter.release()
     finally:
         os.kill(pid, 9)

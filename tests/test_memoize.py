@@ -49,7 +49,8 @@ def uses_globals(x: int) -> Handle:
 def test_repeated_calls_hit_and_return_the_same_object() -> None:
     uses_helper.cache_clear()
     first = uses_helper(1)
-    assert uses_helper(1) is first and uses_helper(1) is first
+    assert uses_helper(1) is first
+    assert uses_helper(1) is first
     assert uses_helper.cache_info() == CacheInfo(hits=2, misses=1, maxsize=128, currsize=1)
 
 
@@ -109,7 +110,7 @@ def test_helper_defined_after_decoration_is_seen() -> None:
 
 
 @pytest.mark.parametrize(
-    "a, b",
+    ("a", "b"),
     [
         pytest.param(np.zeros((4, 8), np.float32), np.zeros((8, 4), np.float32), id="shape"),
         pytest.param(np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float16), id="dtype"),
@@ -134,7 +135,7 @@ def test_different_argument_structure_misses(a: Any, b: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "a, b",
+    ("a", "b"),
     [
         pytest.param(np.zeros((4, 8)), np.ones((4, 8)), id="array-contents-ignored"),
         pytest.param(float("nan"), float("nan"), id="nan"),
@@ -230,7 +231,8 @@ def test_exceptions_are_not_cached() -> None:
 
     with pytest.raises(RuntimeError):
         flaky(1)
-    assert flaky(1) == 1 and flaky(1) == 1
+    assert flaky(1) == 1
+    assert flaky(1) == 1
     assert calls == [1, 1]
 
 
@@ -258,7 +260,8 @@ def test_threads_share_one_build() -> None:
     for t in threads:
         t.join(timeout=30)
     assert builds == [7]
-    assert len(results) == 400 and all(r is results[0] for r in results)
+    assert len(results) == 400
+    assert all(r is results[0] for r in results)
     assert slow.cache_info() == CacheInfo(hits=399, misses=1, maxsize=128, currsize=1)
 
 

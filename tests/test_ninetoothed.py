@@ -97,7 +97,8 @@ def test_make_memo_misses_on_each_key_field(variant: dict[str, Any]) -> None:
     assert _make(_base()) is base, "equal arguments, freshly made tensors: a hit"
     misses = _misses()
     other = _make(_base(**variant))
-    assert _misses() == misses + 1 and other is not base
+    assert _misses() == misses + 1
+    assert other is not base
     assert _make(_base(**variant)) is other
 
 
@@ -111,7 +112,8 @@ def test_make_memo_keys_non_tensor_elements_like_ceil_mode() -> None:
 
     floor, ceil = call(False), call(True)
     assert floor is not ceil
-    assert call(False) is floor and call(True) is ceil
+    assert call(False) is floor
+    assert call(True) is ceil
     assert kcn.stats()["make_misses"] == 2
 
 
@@ -128,7 +130,8 @@ def test_zero_dim_tensor_signature(a: dict[str, Any], b: dict[str, Any]) -> None
     def key(options: dict[str, Any]) -> TensorsKey:
         return TensorsKey((*nk.tensors(), ninetoothed.Tensor(0, **options)))
 
-    assert key(a) == key(a) and hash(key(a)) == hash(key(a))
+    assert key(a) == key(a)
+    assert hash(key(a)) == hash(key(a))
     assert key(a) != key(b)
 
 
@@ -184,11 +187,14 @@ def test_autotune_timings_are_shared_per_gpu_model() -> None:
             return float(tuner(torch.zeros(8)))
 
     cache_tier = MemoryStore()
-    assert tune(H100) == 1.0 and benched == ["slow", "fast", "fast"]  # two timings, one call
+    assert tune(H100) == 1.0
+    assert benched == ["slow", "fast", "fast"]  # two timings, one call
     benched.clear()
-    assert tune(H100) == 1.0 and benched == ["fast"], "same GPU model: the record, no re-tuning"
+    assert tune(H100) == 1.0
+    assert benched == ["fast"], "same GPU model: the record, no re-tuning"
     benched.clear()
-    assert tune(A100) == 1.0 and benched == ["slow", "fast", "fast"], "another model tunes anew"
+    assert tune(A100) == 1.0
+    assert benched == ["slow", "fast", "fast"], "another model tunes anew"
 
 
 # Processes: the source race, build and AOT outputs -----------------------------
@@ -235,7 +241,8 @@ def test_source_race_has_no_failures(nt_env: dict[str, str], tmp_path: Path) -> 
     procs = [start(nt_env, "race", "200", "t", "--wait-for", str(go)) for _ in range(2)]
     deadline = time.monotonic() + 300
     while len(list(tmp_path.glob("go.ready.*"))) < 2:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        assert time.monotonic() < deadline
+        assert all(p.poll() is None for p in procs)
         time.sleep(0.05)
     go.touch()
     reports = [finish(p) for p in procs]
@@ -248,13 +255,16 @@ def test_aot_outputs_are_reused_by_a_second_process(
 ) -> None:
     out = tmp_path / "out"
     first = finish(start(nt_env, "aot", str(out)))
-    assert first["stats"]["output_compiles"] == 1 and len(toolkit.compiles()) == 1
+    assert first["stats"]["output_compiles"] == 1
+    assert len(toolkit.compiles()) == 1
     files = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert "add.so" in files and "add.h" in files
+    assert "add.so" in files
+    assert "add.h" in files
     shutil.rmtree(out)  # a fresh checkout: the outputs are gone, kernelcache has them
     runs = len(toolkit.runs())
     second = finish(start(nt_env, "aot", str(out)))
-    assert second["stats"]["output_hits"] == 1 and second["stats"]["output_compiles"] == 0
+    assert second["stats"]["output_hits"] == 1
+    assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.runs()) == runs, "no nvcc run on a hit"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
 
@@ -270,6 +280,8 @@ def test_build_outputs_are_reused_by_a_second_process(
     assert compiles == 3  # one library per config and the dispatcher
     shutil.rmtree(out)
     second = finish(start(nt_env, "build", str(out)))
-    assert second["stats"]["output_hits"] == 1 and second["stats"]["output_compiles"] == 0
+    assert second["stats"]["output_hits"] == 1
+    assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.compiles()) == compiles
-    assert (out / "add.so").is_file() and (out / "add.fingerprint").is_file()
+    assert (out / "add.so").is_file()
+    assert (out / "add.fingerprint").is_file()

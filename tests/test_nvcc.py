@@ -125,7 +125,8 @@ def test_outputs_are_byte_identical_to_plain_nvcc(
     warm_out, warm_dep = outputs()
     warm_err = capfd.readouterr().err
 
-    assert warm_out == cold_out and warm_dep == cold_dep
+    assert warm_out == cold_out
+    assert warm_dep == cold_dep
     assert plain_dep == cold_dep
     assert plain_dep.startswith(b"out/k.bin : k.cu")
     if mode == "-c":
@@ -133,7 +134,8 @@ def test_outputs_are_byte_identical_to_plain_nvcc(
     else:
         assert plain_out == cold_out
     assert "unused_on_purpose" in plain.stderr.decode()
-    assert warm_err == cold_err and "unused_on_purpose" in warm_err
+    assert warm_err == cold_err
+    assert "unused_on_purpose" in warm_err
 
 
 def test_no_dependency_flags_and_another_output_name(
@@ -165,7 +167,8 @@ def test_mmd_records_system_headers_too(workspace: Path, monkeypatch: pytest.Mon
     args = ["nvcc", "-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin", "-MMD", "-MF", "k.d"]
     assert launch(args) == (0, "misses")
     user_dep = (root / "k.d").read_bytes()
-    assert b"/usr/include" not in user_dep and b"common.cuh" in user_dep
+    assert b"/usr/include" not in user_dep
+    assert b"common.cuh" in user_dep
     assert launch(args) == (0, "hits")
     assert (root / "k.d").read_bytes() == user_dep
 
@@ -299,7 +302,8 @@ def test_basedir_makes_absolute_paths_portable(
     monkeypatch.setenv("KERNELCACHE_BASEDIR", str(third))
     assert build(third) == (0, "hits")
     restored = (third / "build" / "k.d").read_bytes()
-    assert str(third).encode() in restored and str(first).encode() not in restored
+    assert str(third).encode() in restored
+    assert str(first).encode() not in restored
     subprocess.run(
         [
             "nvcc",
@@ -357,7 +361,8 @@ UNCACHEABLE = [
 @pytest.mark.parametrize(("args", "reason"), UNCACHEABLE)
 def test_uncacheable_reasons(args: list[str], reason: str) -> None:
     inv = nvcc_args.parse(args, environ={})
-    assert inv.reason is not None and reason in inv.reason
+    assert inv.reason is not None
+    assert reason in inv.reason
 
 
 def test_cacheable_parse(tmp_path: Path) -> None:
@@ -393,7 +398,8 @@ def test_cacheable_parse(tmp_path: Path) -> None:
         "t.o.d",
         True,
     )
-    assert ["--include-path", "/opt/include"] in inv.keyed and [
+    assert ["--include-path", "/opt/include"] in inv.keyed
+    assert [
         "--define-macro",
         "FROM_RSP",
     ] in inv.keyed
@@ -419,7 +425,8 @@ def test_failed_compiles_pass_through_and_are_not_cached(
     argv = ["nvcc", "-arch=sm_90", "-cubin", "bad.cu", "-o", "bad.cubin"]
     for _ in range(2):
         rc, outcome = launch(argv)
-        assert rc != 0 and outcome == "failed"
+        assert rc != 0
+        assert outcome == "failed"
         assert "not_declared" in capfd.readouterr().err
     assert not (root / "bad.cubin").exists()
 
@@ -472,10 +479,12 @@ def test_kernelcache_stats_reports_the_launcher(warm_project: Path, workspace: P
     cmd = [sys.executable, "-m", "kernelcache", "--dir", str(workspace / "cache"), "stats"]
     report = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, check=True).stdout)
     launcher = report["nvcc_launcher"]
-    assert launcher["hits"] >= 1 and launcher["misses"] >= 1
+    assert launcher["hits"] >= 1
+    assert launcher["misses"] >= 1
     assert launcher["reasons"]["--version"] >= 1
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert "nvcc launcher (lifetime): hits" in text and "--version" in text
+    assert "nvcc launcher (lifetime): hits" in text
+    assert "--version" in text
 
 
 def test_debug_info_shares_across_checkouts_only_when_asked(
@@ -502,7 +511,8 @@ def test_debug_info_shares_across_checkouts_only_when_asked(
     monkeypatch.chdir(second)
     assert launch(argv) == (0, "hits")
     restored = (second / "k.cubin").read_bytes()
-    assert str(first).encode() in restored and str(second).encode() not in restored
+    assert str(first).encode() in restored
+    assert str(second).encode() not in restored
 
 
 def test_a_bad_launcher_setting_never_fails_the_build(
@@ -539,9 +549,11 @@ def test_server_identities_follow_a_wrapper_scripts_target(
     monkeypatch.setattr(toolchain, "executable", counting)
     known = Identities()
     first = known.executable(str(wrapper))
-    assert known.executable(str(wrapper)) == first and len(probed) == 1  # remembered
+    assert known.executable(str(wrapper)) == first
+    assert len(probed) == 1  # remembered
     real.write_text("#!/bin/sh\necho 'cc 2.0'\n")  # the target changes, the wrapper does not
-    assert known.executable(str(wrapper)) != first and len(probed) == 2
+    assert known.executable(str(wrapper)) != first
+    assert len(probed) == 2
 
 
 def test_large_outputs_are_stored_compressed(
@@ -568,28 +580,38 @@ def test_large_outputs_are_stored_compressed(
         job = Job.prepare(shutil.which("nvcc") or "nvcc", nvcc_args.parse(argv[1:]), os.environ)
         manifest = cache.get(job.direct)
         result = cache.get(str(nvcc_deps.variants(manifest)[0]["result"]))
-        assert result is not None and result.meta["output_codec"] == "zstd"
+        assert result is not None
+        assert result.meta["output_codec"] == "zstd"
         assert len(result["output"]) < len(cold) // 10
     (root / "big.cubin").unlink()
     assert launch(argv) == (0, "hits")
     assert (root / "big.cubin").read_bytes() == cold
     plain = subprocess.run(["nvcc", *argv[1:-1], "plain.cubin"], check=True, capture_output=True)
-    assert plain.returncode == 0 and (root / "plain.cubin").read_bytes() == cold
+    assert plain.returncode == 0
+    assert (root / "plain.cubin").read_bytes() == cold
 
 
 @pytest.mark.parametrize(
-    "meta",
+    ("meta", "error"),
     [
-        pytest.param({"output_codec": "zstd", "output_size": 10}, id="declared-too-small"),
-        pytest.param({"output_codec": "zstd", "output_size": 1 << 30}, id="declared-too-large"),
-        pytest.param({"output_codec": "lz4", "output_size": 100}, id="unknown-codec"),
+        pytest.param(
+            {"output_codec": "zstd", "output_size": 10}, "wrong size", id="declared-too-small"
+        ),
+        pytest.param(
+            {"output_codec": "zstd", "output_size": 1 << 30}, "wrong size", id="declared-too-large"
+        ),
+        pytest.param(
+            {"output_codec": "lz4", "output_size": 100}, "unknown output", id="unknown-codec"
+        ),
     ],
 )
-def test_a_compressed_output_is_bounded_by_its_declared_size(meta: dict[str, object]) -> None:
+def test_a_compressed_output_is_bounded_by_its_declared_size(
+    meta: dict[str, object], error: str
+) -> None:
     zstandard = pytest.importorskip("zstandard")
     from kernelcache.entry import Entry
     from kernelcache.nvcc.outputs import unpack_output
 
     frame = zstandard.ZstdCompressor().compress(b"x" * 100_000)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=error):
         unpack_output(Entry({"output": frame}, meta))

@@ -116,7 +116,8 @@ def test_shape_is_cached_and_matches_plain_nvcc(
     assert launcher.outcome(args, root) == "miss"
     assert written(root, before) == expected
     hit = launcher(args, root)
-    assert hit.returncode == 0 and hit.stderr == plain.stderr
+    assert hit.returncode == 0
+    assert hit.stderr == plain.stderr
     assert written(root, before) == expected
     assert launcher.outcome(args, root) == "server hit"
 

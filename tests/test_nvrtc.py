@@ -7,6 +7,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,7 +258,8 @@ def test_cold_then_warm(project: Path, cache: Cache, target: str) -> None:
     cold = compile_(cache, target=target)
     warm = compile_(cache, target=target)
     assert (cold.hit, warm.hit) == (False, True)
-    assert warm.binary == cold.binary and len(cold.binary) > 100
+    assert warm.binary == cold.binary
+    assert len(cold.binary) > 100
     assert warm.lowered_names == cold.lowered_names == {"scale<float>": "_Z5scaleIfEvPT_i"}
     if target == "ptx":
         assert b".entry _Z5scaleIfEvPT_i" in cold.binary
@@ -282,9 +284,11 @@ def test_lowered_names_and_log_survive_a_disk_hit(project: Path, tmp_path: Path)
             name_expressions=["scale<double>"],
             cache=second,
         )
-    assert warm.hit and not cold.hit
+    assert warm.hit
+    assert not cold.hit
     assert warm.lowered_names == {"scale<double>": "_Z5scaleIdEvPT_i"}
-    assert "warning" in cold.log and warm.log == cold.log
+    assert "warning" in cold.log
+    assert warm.log == cold.log
     assert warm.binary == cold.binary
 
 
@@ -295,7 +299,8 @@ def test_header_edit_recompiles_and_unrelated_edit_hits(project: Path, cache: Ca
     assert compile_(cache).hit
     (project / "src" / "common.cuh").write_text(COMMON.replace("2.0f", "5.0f"))
     edited = compile_(cache)
-    assert not edited.hit and edited.binary != first.binary
+    assert not edited.hit
+    assert edited.binary != first.binary
 
 
 def test_errors_carry_the_log_and_are_not_cached(project: Path, cache: Cache) -> None:
@@ -327,10 +332,16 @@ def test_warm_hit_skips_scanning_and_hashing(
     compile_(cache)  # memoise the scan now that the files' stat vouches for them
     scans: list[str] = []
     real_scan = includes.scan
-    monkeypatch.setattr(includes, "scan", lambda *a, **k: (scans.append("scan"), real_scan(*a, **k))[1])
+
+    def counted_scan(*args: Any, **kwargs: Any) -> Any:
+        scans.append("scan")
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(includes, "scan", counted_scan)
     for _ in range(200):
         assert compile_(cache).hit
-    assert scans == [] and cold.hit is False
+    assert scans == []
+    assert cold.hit is False
 
 
 GPU = toolchain.gpu_arch()
@@ -343,7 +354,7 @@ def test_cached_cubin_runs_on_the_gpu(tmp_path: Path) -> None:
     import numpy as np
     from cuda.bindings import driver as cu
 
-    def ok(result: tuple[object, ...]) -> object:
+    def ok(result: tuple[Any, ...]) -> Any:  # cuda.bindings: untyped results
         assert result[0] == cu.CUresult.CUDA_SUCCESS, result[0]
         return result[1] if len(result) == 2 else result[1:]
 

@@ -31,7 +31,8 @@ def test_every_public_name_resolves(name: str) -> None:
 
 def test_dir_lists_the_public_names_and_nothing_else() -> None:
     assert sorted(dir(kc)) == sorted([*kc.__all__, "__version__"])
-    assert "TYPE_CHECKING" not in dir(kc) and "typing" not in dir(kc)
+    assert "TYPE_CHECKING" not in dir(kc)
+    assert "typing" not in dir(kc)
 
 
 def test_unknown_names_raise_attribute_error() -> None:

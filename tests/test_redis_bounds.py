@@ -73,8 +73,10 @@ def test_a_trickling_server_costs_one_deadline_per_call_then_the_breaker_skips_i
     # Each read of the trickle returns within 100 ms, so a per-read timeout never
     # fires; the call's deadline does. (Before: 7.3 s per get, breaker never open.)
     assert max(costs) < 20 * timeout
-    assert remote.counters.timeouts == 3 and remote.counters.breaker_trips == 1
-    assert cache.get("k") is None and remote.counters.skipped == 1
+    assert remote.counters.timeouts == 3
+    assert remote.counters.breaker_trips == 1
+    assert cache.get("k") is None
+    assert remote.counters.skipped == 1
     proxy.mode = "pass"
     deadline = time.monotonic() + 30
     while remote.breaker.state != "closed" and time.monotonic() < deadline:
@@ -91,9 +93,11 @@ def test_a_server_answering_garbage_is_a_miss_and_opens_the_breaker(
     proxy.mode = "garbage"
     for _ in range(3):
         assert cache.get("k") is None
-    assert remote.counters.errors == 3 and remote.breaker.state == "open"
+    assert remote.counters.errors == 3
+    assert remote.breaker.state == "open"
     cache.put("k", Entry({"a": b"x"}))  # skipped by the breaker, kept by the memory tier
-    assert remote.stats()["skipped"] == 1 and cache.get("k") is not None
+    assert remote.stats()["skipped"] == 1
+    assert cache.get("k") is not None
     with pytest.raises(StoreError):
         remote.get("k")  # used directly, the store says what failed
 
@@ -109,7 +113,8 @@ def test_a_256_mib_value_at_an_entry_key_is_refused_unread(
     sent = raw.info("stats")["total_net_output_bytes"]
     assert store.get("k") is None
     assert raw.info("stats")["total_net_output_bytes"] - sent < 64 << 20  # not 256 MiB
-    assert store.counters.oversized == 1 and store.counters.errors == 0
+    assert store.counters.oversized == 1
+    assert store.counters.errors == 0
     assert store.breaker.state == "closed"  # the server answered: it is not down
     assert raw.exists(name) == (1 if read_only else 0)  # dropped unread where writable
     gets = _calls(raw, "get")
@@ -147,7 +152,8 @@ def test_a_zstd_bomb_is_refused_before_inflating(
     import zstandard
 
     frame = _rle_bomb(1 << 30)
-    assert len(frame) < 40 << 10 and zstandard.frame_content_size(frame) == 1 << 30
+    assert len(frame) < 40 << 10
+    assert zstandard.frame_content_size(frame) == 1 << 30
     name = _name(ns, "k")
     raw.set(name, fmt.seal(name.encode(), fmt.ZSTD, 1 << 30, frame, None))
     inflated: list[int] = []
@@ -159,9 +165,11 @@ def test_a_zstd_bomb_is_refused_before_inflating(
 
     monkeypatch.setattr(fmt, "decompress", spy)
     store = RedisStore(redis_server.url, namespace=ns, max_entry_size=max_entry_size)
-    assert store.get("k") is None and store.get("k") is None
+    assert store.get("k") is None
+    assert store.get("k") is None
     assert inflated == []  # refused before the work (before: +971 MiB and ~2 s per read)
-    assert store.counters.oversized == 1 and store.counters.corrupt == 0
+    assert store.counters.oversized == 1
+    assert store.counters.corrupt == 0
     assert raw.exists(name) == int(kept)  # a peer allowing more keeps its entry
 
 
@@ -199,7 +207,8 @@ def test_missing_chunks_stop_the_read_at_the_first_call(
     raw.set(name, value)
     store = RedisStore(redis_server.url, namespace=ns)
     raw.config_resetstat()
-    assert store.get("k") is None and store.counters.corrupt == 1
+    assert store.get("k") is None
+    assert store.counters.corrupt == 1
     assert _misses(raw) == fmt.MAX_CHUNK_SIZE // CHUNK  # one call's worth of chunks, not 2000
 
 
@@ -212,7 +221,8 @@ def test_max_entry_size_is_configurable_and_binds_both_ways(
     with pytest.raises(StoreError, match="max_entry_size"):
         small_limit.put("k", big)
     RedisStore(redis_server.url, namespace=ns, chunk_size=1 << 20).put("k", big)
-    assert small_limit.get("k") is None and small_limit.counters.oversized == 1
+    assert small_limit.get("k") is None
+    assert small_limit.counters.oversized == 1
     assert RedisStore(redis_server.url, namespace=ns).get("k") == big  # left for the peer
 
 
@@ -221,9 +231,12 @@ def test_bad_values_are_forgotten_after_a_while_and_bounded() -> None:
     bad = BadValues(seconds=0.05, limit=3)
     for name in "abcd":
         bad.add(name)
-    assert len(bad) == 3 and not bad.holds("a") and bad.holds("d")  # the oldest made room
+    assert len(bad) == 3
+    assert not bad.holds("a")
+    assert bad.holds("d")  # the oldest made room
     time.sleep(0.06)
-    assert not bad.holds("d") and len(bad) == 2
+    assert not bad.holds("d")
+    assert len(bad) == 2
 
 
 def test_values_remembered_as_bad_are_read_again_later(
@@ -232,7 +245,8 @@ def test_values_remembered_as_bad_are_read_again_later(
     store = RedisStore(redis_server.url, namespace=ns, read_only=True)
     monkeypatch.setattr(store.bad, "seconds", 0.05)
     raw.set(_name(ns, "k"), b"garbage")
-    assert store.get("k") is None and store.counters.corrupt == 1
+    assert store.get("k") is None
+    assert store.counters.corrupt == 1
     RedisStore(redis_server.url, namespace=ns).put("k", Entry({"a": b"fixed"}))  # repaired
     assert store.get("k") is None  # still remembered as bad
     time.sleep(0.06)

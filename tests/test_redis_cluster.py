@@ -41,7 +41,8 @@ def test_cluster_urls_select_redis_cluster_with_bounded_connections(
     if form == "query":
         url = url.replace("redis+cluster://", "redis://") + "?cluster=1"
     store = RedisStore(url, namespace=unique_namespace())
-    assert store.cluster and "cluster" in repr(store)
+    assert store.cluster
+    assert "cluster" in repr(store)
     entry = Entry({"kernel.cubin": os.urandom(5000)})
     store.put("k", entry)
     assert store.get("k") == entry
@@ -58,14 +59,16 @@ def test_an_entry_its_chunks_and_its_lease_live_in_one_slot(redis_cluster: Local
     entry = Entry({"blob": os.urandom(5 * CHUNK)})
     store.put("k", entry)  # the Lua publish touches the record and every chunk: one slot
     lock = store.flight_lock("k")
-    assert lock is not None and lock.acquire(timeout=1)
+    assert lock is not None
+    assert lock.acquire(timeout=1)
     client = RedisCluster(host="127.0.0.1", port=redis_cluster.nodes[0].port)
     names = [n.decode() for n in client.scan_iter(match=f"kc:{ns}:*", target_nodes="primaries")]
     assert len(names) == 1 + 5 + 1 + 1  # record, chunks, lease
     assert len({client.keyslot(name) for name in names}) == 1
     lock.release()
     assert store.get("k") == entry
-    assert store.delete("k") and store.get("k") is None
+    assert store.delete("k")
+    assert store.get("k") is None
     client.close()
 
 
@@ -78,8 +81,11 @@ def test_listing_and_clearing_scan_every_node(redis_cluster: LocalCluster) -> No
     assert len(owners) == 3  # the entries are spread over every master
     assert sorted(store.keys()) == sorted(f"k{i}" for i in range(30))
     infos = {info.key: info for info in store.scan()}
-    assert len(infos) == 30 and infos["k0"].extra["chunks"] == 3 and infos["k1"].extra["signed"]
-    assert store.clear() == 30 and list(store.keys()) == []
+    assert len(infos) == 30
+    assert infos["k0"].extra["chunks"] == 3
+    assert infos["k1"].extra["signed"]
+    assert store.clear() == 30
+    assert list(store.keys()) == []
 
 
 def test_read_only_readers_may_read_from_replicas(redis_cluster: LocalCluster) -> None:
@@ -88,7 +94,8 @@ def test_read_only_readers_may_read_from_replicas(redis_cluster: LocalCluster) -
     reader = RedisStore(f"{redis_cluster.url}?readonly=1&replicas=1", namespace=ns)
     entry = Entry({"a": b"x" * 100})
     writer.put("k", entry)
-    assert reader.read_only and reader.get("k") == entry  # no replicas here: the primaries serve
+    assert reader.read_only
+    assert reader.get("k") == entry  # no replicas here: the primaries serve
 
 
 def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
@@ -110,7 +117,8 @@ def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
     owner = {key: _owner(own_cluster, f"kc:{ns}:e:{{{key}}}") for key in keys}
     dead = [key for key in keys if owner[key] == 1]
     alive = [key for key in keys if owner[key] != 1]
-    assert dead and alive
+    assert dead
+    assert alive
 
     own_cluster.kill(1)
     for _round in range(2):
@@ -120,7 +128,8 @@ def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
             assert time.perf_counter() - start < 10 * timeout
             assert (got == entries[key]) if key in alive else got is None
     # The dead node's breaker opened; the live nodes' never did.
-    assert store.counters.errors >= 2 and store.counters.breaker_trips == 1
+    assert store.counters.errors >= 2
+    assert store.counters.breaker_trips == 1
     assert store.stats()["open_nodes"] == [f"127.0.0.1:{own_cluster.nodes[1].port}"]
     assert store.counters.skipped >= len(dead)
 

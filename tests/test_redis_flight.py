@@ -46,7 +46,8 @@ def _worker(
 
 def _hold_forever(url: str, ns: str, key: str, ready: Any) -> None:
     lock = RedisStore(url, namespace=ns, lease=0.5).flight_lock(key)
-    assert lock is not None and lock.acquire(timeout=5)
+    assert lock is not None
+    assert lock.acquire(timeout=5)
     ready.set()
     time.sleep(600)
 
@@ -89,7 +90,8 @@ def test_eight_processes_on_two_machines_compile_once(
 def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=5.0)
     first, second = store.flight_lock("k"), store.flight_lock("k")
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert first.acquire(timeout=0)
     start = time.perf_counter()
     assert not second.acquire(timeout=0.3)
@@ -97,7 +99,8 @@ def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None
     first.release()
     assert second.acquire(timeout=0)
     other = store.flight_lock("other")  # leases are per key
-    assert other is not None and other.acquire(timeout=0)
+    assert other is not None
+    assert other.acquire(timeout=0)
     other.release()
     second.release()
 
@@ -105,7 +108,8 @@ def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None
 def test_lease_is_renewed_while_held(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=0.3)
     holder, waiter = store.flight_lock("k"), store.flight_lock("k")
-    assert holder is not None and waiter is not None
+    assert holder is not None
+    assert waiter is not None
     assert holder.acquire(timeout=0)
     assert not waiter.acquire(timeout=1.2)  # four lease lengths: only renewal keeps it
     holder.release()
@@ -140,10 +144,12 @@ def test_only_the_owner_releases_a_lease(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url, namespace=ns, lease=0.3)
     client = redis.Redis.from_url(redis_server.url)
     stalled = store.flight_lock("k")
-    assert isinstance(stalled, RedisLease) and stalled.acquire(timeout=0)
+    assert isinstance(stalled, RedisLease)
+    assert stalled.acquire(timeout=0)
     client.delete(f"kc:{ns}:lock:{{k}}")  # as if the holder stalled past its lease
     taker = store.flight_lock("k")
-    assert isinstance(taker, RedisLease) and taker.acquire(timeout=0)
+    assert isinstance(taker, RedisLease)
+    assert taker.acquire(timeout=0)
     time.sleep(0.3)  # the stalled holder's renewer notices it lost the lease
     assert stalled.lost
     stalled.release()  # must not delete the taker's lease

@@ -30,7 +30,8 @@ def _version(v: int, size: int) -> Entry:
 def _check(entry: Entry | None, size: int) -> int:
     assert entry is not None  # there is always a whole entry to see
     blob = entry["blob"]
-    assert len(blob) == size and xxhash.xxh3_128_hexdigest(blob) == entry.meta["xxh"]
+    assert len(blob) == size
+    assert xxhash.xxh3_128_hexdigest(blob) == entry.meta["xxh"]
     return int(entry.meta["v"])
 
 
@@ -59,7 +60,8 @@ def _race(url: str, versions: list[int], size: int, chunk: int) -> list[int]:
     assert writer.exitcode == 0
     assert _check(reader.get("k"), size) == versions[-1]
     assert seen == sorted(seen)  # versions only move forward
-    assert reader.counters.corrupt == 0 and reader.counters.errors == 0
+    assert reader.counters.corrupt == 0
+    assert reader.counters.errors == 0
     return seen
 
 
@@ -84,5 +86,6 @@ def test_a_compressed_entry_round_trips_through_chunks(redis_server: RedisServer
     entry = Entry({"a": random.randbytes(12 * MB), "b": bytes(12 * MB)})  # half random, half zeros
     store.put("k", entry)
     [info] = store.scan()
-    assert info.extra["compressed"] and info.extra["chunks"] > 1
+    assert info.extra["compressed"]
+    assert info.extra["chunks"] > 1
     assert store.get("k") == entry

@@ -44,6 +44,13 @@ def _name(store: RedisStore, key: str) -> str:
     return f"kc:{store.namespace}:e:{{{key}}}"
 
 
+def _stored(raw: redis.Redis, name: str) -> bytes:
+    """The record under ``name`` as Redis holds it."""
+    value = raw.get(name)
+    assert isinstance(value, bytes)  # present, and the client does not decode responses
+    return value
+
+
 def test_signed_round_trip_inline_and_chunked(
     make: Callable[..., RedisStore], raw: redis.Redis
 ) -> None:
@@ -51,9 +58,10 @@ def test_signed_round_trip_inline_and_chunked(
     small, big = _entry(), _entry(3 * CHUNK)
     signer.put("small", small)
     signer.put("big", big)
-    value = raw.get(_name(signer, "small"))
-    assert value is not None and value[-5] & fmt.SIGNED
-    assert signer.get("small") == small and signer.get("big") == big
+    value = _stored(raw, _name(signer, "small"))
+    assert value[-5] & fmt.SIGNED
+    assert signer.get("small") == small
+    assert signer.get("big") == big
     assert make(secret=SECRET).get("big") == big  # another client with the secret
 
 
@@ -68,8 +76,10 @@ def test_a_client_without_the_secret_never_deletes_signed_entries(
     reader = make(chunk_size=CHUNK)
     assert Cache([reader]).get("k") is None  # it cannot check the signature: unreadable
     assert reader.get("k") is None  # remembered: not even read again
-    assert reader.counters.unverifiable == 1 and reader.counters.misses == 2
-    assert reader.counters.corrupt == 0 and reader.counters.hits == 0
+    assert reader.counters.unverifiable == 1
+    assert reader.counters.misses == 2
+    assert reader.counters.corrupt == 0
+    assert reader.counters.hits == 0
     assert set(raw.scan_iter(f"kc:{signer.namespace}:*")) == before  # nothing deleted
     assert raw.pttl(_name(signer, "k")) == -1  # nor set to expire
     assert signer.get("k") == entry
@@ -88,7 +98,8 @@ def test_values_without_a_valid_signature_are_rejected(
     reader = make(secret=SECRET)
     assert Cache([reader]).get("k") is None
     assert reader.get("k") is None  # remembered as bad: the second lookup reads nothing
-    assert reader.stats()["forged"] == 1 and reader.counters.hits == 0
+    assert reader.stats()["forged"] == 1
+    assert reader.counters.hits == 0
     assert raw.exists(_name(reader, "k")) == 1  # not deleted: it may be a peer with another secret
     entry = _entry()
     reader.put("k", entry)  # its own put clears the memory of the bad value
@@ -100,11 +111,12 @@ def test_tampered_and_replayed_signed_values_are_rejected(
 ) -> None:
     store = make(secret=SECRET, compress_min=1 << 30)
     store.put("good", _entry())
-    value = bytearray(raw.get(_name(store, "good")) or b"")
+    value = bytearray(_stored(raw, _name(store, "good")))
     value[100] ^= 0x01  # one bit of the cubin
     raw.set(_name(store, "tampered"), bytes(value))
     raw.copy(_name(store, "good"), _name(store, "replayed"))  # a valid value under another key
-    assert store.get("tampered") is None and store.get("replayed") is None
+    assert store.get("tampered") is None
+    assert store.get("replayed") is None
     assert store.stats()["forged"] == 2
     assert store.get("good") is not None
 
@@ -141,8 +153,7 @@ def test_corrupted_values_are_rejected_counted_and_removed(
 ) -> None:
     store = make(compress_min=1 << 30)
     store.put("good", _entry())
-    value = raw.get(_name(store, "good"))
-    assert value is not None
+    value = _stored(raw, _name(store, "good"))
     damaged = _damage(value)
     for key, bad in damaged.items():
         raw.set(_name(store, key), bad)
@@ -160,8 +171,10 @@ def test_a_read_only_store_remembers_damage_it_may_not_remove(
     reader = make(read_only=True)
     raw.set(_name(reader, "k"), b"garbage")
     raw.config_resetstat()
-    assert reader.get("k") is None and reader.get("k") is None
-    assert reader.counters.corrupt == 1 and reader.counters.misses == 2
+    assert reader.get("k") is None
+    assert reader.get("k") is None
+    assert reader.counters.corrupt == 1
+    assert reader.counters.misses == 2
     assert raw.info("commandstats")["cmdstat_get"]["calls"] == 1  # the second lookup paid nothing
     assert raw.exists(_name(reader, "k")) == 1
 
@@ -171,10 +184,11 @@ def test_records_of_another_format_version_are_clean_misses(
 ) -> None:
     store = make(compress_min=1 << 30)
     store.put("k", _entry())
-    value = raw.get(_name(store, "k")) or b""
+    value = _stored(raw, _name(store, "k"))
     raw.set(_name(store, "k"), value[:-4] + bytes([fmt.VERSION + 1]) + fmt.MAGIC)
     assert store.get("k") is None
-    assert store.counters.corrupt == 0 and store.counters.misses == 1
+    assert store.counters.corrupt == 0
+    assert store.counters.misses == 1
     assert raw.exists(_name(store, "k")) == 1  # a newer peer's record is left to it
 
 

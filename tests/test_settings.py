@@ -14,9 +14,12 @@ from kernelcache.units import format_size, parse_age, parse_size
 def test_precedence_and_sources() -> None:
     env = {"KERNELCACHE_DIR": "/env/dir", "KERNELCACHE_MAX_SIZE": "2G", "KERNELCACHE_SECRET": "s3"}
     settings = Settings.load(environ=env, max_bytes="5G")
-    assert settings.dir == "/env/dir" and settings.sources["dir"] == "environment KERNELCACHE_DIR"
-    assert settings.max_bytes == 5 << 30 and settings.sources["max_bytes"] == "argument"
-    assert settings.remote is None and settings.sources["remote"] == "default"
+    assert settings.dir == "/env/dir"
+    assert settings.sources["dir"] == "environment KERNELCACHE_DIR"
+    assert settings.max_bytes == 5 << 30
+    assert settings.sources["max_bytes"] == "argument"
+    assert settings.remote is None
+    assert settings.sources["remote"] == "default"
     described = {name: (value, source) for name, value, source in settings.describe()}
     assert described["secret"] == ("<set>", "environment KERNELCACHE_SECRET")
 
@@ -77,8 +80,10 @@ def test_settings_are_immutable_values_that_never_show_the_secret() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.dir = "/elsewhere"  # type: ignore[misc]
     again = Settings.load(environ={"KERNELCACHE_SECRET": "s3cret"}, dir="/tmp/x")
-    assert settings == again and hash(settings) == hash(again)
-    assert "s3cret" not in repr(settings) and ("secret", "<set>", "environment KERNELCACHE_SECRET") in settings.describe()
+    assert settings == again
+    assert hash(settings) == hash(again)
+    assert "s3cret" not in repr(settings)
+    assert ("secret", "<set>", "environment KERNELCACHE_SECRET") in settings.describe()
 
 
 def test_one_field_list_names_every_variable() -> None:
@@ -86,13 +91,15 @@ def test_one_field_list_names_every_variable() -> None:
         "DIR", "MAX_SIZE", "MEMORY_MAX_SIZE", "LOCAL", "REMOTE", "DISABLE", "READONLY", "SECRET"
     )) == VARIABLES  # fmt: skip
     loaded = Settings.load(environ={"KERNELCACHE_READONLY": "1", "KERNELCACHE_MEMORY_MAX_SIZE": "1M"})
-    assert loaded.read_only is True and loaded.memory_max_bytes == 1 << 20
+    assert loaded.read_only is True
+    assert loaded.memory_max_bytes == 1 << 20
 
 
 def test_replaced_changes_values_and_their_sources() -> None:
     base = Settings.load(environ={"KERNELCACHE_DISABLE": "1"}, dir="/tmp/x")
     changed = base.replaced(disable=False, read_only=True)
     assert (changed.disable, changed.read_only, changed.dir) == (False, True, "/tmp/x")
-    assert changed.sources["disable"] == "argument" and base.disable is True
+    assert changed.sources["disable"] == "argument"
+    assert base.disable is True
     with pytest.raises(ConfigError, match="unknown setting"):
         base.replaced(colour="blue")

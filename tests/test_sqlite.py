@@ -163,7 +163,8 @@ def test_read_only_store_reports_corruption_without_moving_the_file(db: Path) ->
     reader = SQLiteStore(db, read_only=True)
     with pytest.raises(StoreError, match="malformed"):
         reader.get("k3")
-    assert reader.moved_aside == [] and reader.counters.errors == 1
+    assert reader.moved_aside == []
+    assert reader.counters.errors == 1
     assert not [name for name in files_next_to(db) if ".corrupt-" in name]
     reader.close()
 
@@ -187,7 +188,8 @@ def test_locked_database_is_a_store_error_not_a_reset(
     holder.execute("COMMIT")
     store.put("other", entry_of("other"))
     assert store.get("other") == entry_of("other")
-    assert store.moved_aside == [] and store.counters.corrupt == 0
+    assert store.moved_aside == []
+    assert store.counters.corrupt == 0
     assert not [name for name in files_next_to(db) if ".corrupt-" in name]
     store.close()
 
@@ -276,7 +278,8 @@ def test_corrupt_row_is_a_counted_miss_and_removed(
 def test_read_only_store(db: Path) -> None:
     reader = SQLiteStore(db, read_only=True)
     assert reader.get("k") is None  # no file yet: misses, and nothing created
-    assert list(reader.keys()) == [] and reader.usage() == (0, 0)
+    assert list(reader.keys()) == []
+    assert reader.usage() == (0, 0)
     assert not db.parent.exists()
     with pytest.raises(ReadOnlyStoreError):
         reader.put("k", entry_of("k"))

@@ -65,7 +65,8 @@ def test_real_probes_name_nvrtc_only_for_the_nvrtc_backend() -> None:
     assert keys.compilers("tvm_ffi")["nvrtc"] is None
     assert keys.compilers("nvrtc")["nvrtc"]
     probes = keys.compilers("tvm_ffi")
-    assert probes["nvcc"] and probes["host"]
+    assert probes["nvcc"]
+    assert probes["host"]
     for value in [*probes.values(), *keys.headers().values(), *keys.library_stamp().values()]:
         assert value is None or "/" not in str(value).split("\n")[0], "no paths in key fields"
 
@@ -81,9 +82,11 @@ def test_install_and_uninstall_patch_every_backend_and_restore(tmp_path: Path) -
     dispatch = getattr(importlib.import_module("tilelang.cache"), kct.DISPATCH_MAP)
     before = {name: dict(vars(upstream)) for name, upstream in dispatch.items()}
     with kct.enabled(Cache([DiskStore(tmp_path)])) as on:
-        assert on and kct.installed()
+        assert on
+        assert kct.installed()
         for upstream in dispatch.values():
-            assert kct.LOAD in vars(upstream) and kct.SAVE in vars(upstream)
+            assert kct.LOAD in vars(upstream)
+            assert kct.SAVE in vars(upstream)
     assert not kct.installed()
     assert {name: dict(vars(upstream)) for name, upstream in dispatch.items()} == before
 

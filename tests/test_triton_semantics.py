@@ -214,7 +214,7 @@ def test_a_manager_freed_by_the_cyclic_collector_releases_its_claim_without_dead
     try:
         manager = kt.CacheManager("K")
         assert manager.get_group("k.json") is None
-        manager.cycle = manager  # type: ignore[attr-defined]  # only the collector can free it
+        manager.cycle = manager  # only the collector can free it
         del manager
         cache = kt.get_cache()
 

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import tilelang
@@ -57,7 +58,10 @@ def gemm(m: int = 256, n: int = 256, k: int = 256, bm: int = 64, bn: int = 64, b
     return main
 
 
-KERNELS = {"add": (add, ADD_TARGET), "gemm": (gemm, GEMM_TARGET)}
+KERNELS: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {
+    "add": (add, ADD_TARGET),
+    "gemm": (gemm, GEMM_TARGET),
+}
 
 
 def compile_kernel(name: str, backend: str) -> Any:

@@ -38,15 +38,16 @@ import threading
 import types
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeVar, cast, overload
 
 from kernelcache import fingerprint
 from kernelcache.keys import encode
 
-__all__ = ["CacheInfo", "Memo", "memoize"]
+__all__ = ["CacheInfo", "Memo", "Memoized", "memoize"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 _MISSING = object()
 _EMPTY_CELL = object()
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -362,15 +363,31 @@ class Memo:
     cache_clear = clear
 
 
+class Memoized(Protocol[P, R_co]):
+    """What :func:`memoize` returns: the function, plus its :class:`Memo`'s controls."""
+
+    memo: Memo
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+    def cache_info(self) -> CacheInfo: ...
+    def cache_clear(self) -> None: ...
+
+
+@overload
+def memoize(fn: Callable[P, R], *, maxsize: int | None = 128) -> Memoized[P, R]: ...
+@overload
+def memoize(
+    fn: None = None, *, maxsize: int | None = 128
+) -> Callable[[Callable[P, R]], Memoized[P, R]]: ...
 def memoize(
     fn: Callable[P, R] | None = None, *, maxsize: int | None = 128
-) -> Any:  # a decorator, or the decorated function when used bare
+) -> Memoized[P, R] | Callable[[Callable[P, R]], Memoized[P, R]]:
     """Decorate ``fn`` with its own :class:`Memo`: ``@memoize`` or ``@memoize(maxsize=...)``.
 
     The wrapper has ``cache_info()``, ``cache_clear()`` and ``memo``.
     """
 
-    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+    def decorate(func: Callable[P, R]) -> Memoized[P, R]:
         memo = Memo(maxsize)
         state = _Fingerprint(func)  # computed at the first call: helpers may be defined later
 
@@ -378,9 +395,10 @@ def memoize(
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             return memo.call_as(state.get(), func, args, kwargs)
 
-        wrapper.cache_info = memo.cache_info  # type: ignore[attr-defined]
-        wrapper.cache_clear = memo.clear  # type: ignore[attr-defined]
-        wrapper.memo = memo  # type: ignore[attr-defined]
-        return wrapper
+        memoized = cast(Memoized[P, R], wrapper)  # given its attributes just below
+        memoized.cache_info = memo.cache_info  # type: ignore[method-assign]
+        memoized.cache_clear = memo.clear  # type: ignore[method-assign]
+        memoized.memo = memo
+        return memoized
 
     return decorate if fn is None else decorate(fn)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernelcache._dirs import default_dir
+from kernelcache._dirs import default_dir as default_dir  # public here: the dir when none is set
 from kernelcache.errors import ConfigError
 from kernelcache.units import parse_size
 

@@ -32,6 +32,7 @@ the server off.
 import _socket
 import posix
 import sys
+from posix import _exit as exit_now  # os._exit, without importing os
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the client imports nothing it can avoid
 if TYPE_CHECKING:
@@ -314,4 +315,4 @@ def script_main() -> int:
     Exits at once: everything was written with ``posix.write`` (nothing is
     buffered), and the interpreter's clean-up would cost ~1 ms per hit.
     """
-    posix._exit(serve(sys.argv[1:], _script_local, _script_plain))
+    exit_now(serve(sys.argv[1:], _script_local, _script_plain))

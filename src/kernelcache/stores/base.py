@@ -20,6 +20,7 @@ from kernelcache.errors import ReadOnlyStoreError
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from types import TracebackType
+    from typing import Self
 
     from kernelcache.entry import Entry
 
@@ -314,7 +315,7 @@ class Store(abc.ABC):
     def _count(self, name: str, amount: int = 1) -> None:
         self.counters.add(name, amount)
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:  # ``with SQLiteStore(p) as s``: s is a SQLiteStore
         return self
 
     def __exit__(

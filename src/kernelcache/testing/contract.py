@@ -139,7 +139,8 @@ class StoreContract:
         store.put("k", make_entry("old", 5000))
         store.put("k", make_entry("new", 100))
         got = store.get("k")
-        assert got is not None and got.meta == {"tag": "new"}
+        assert got is not None
+        assert got.meta == {"tag": "new"}
         assert list(store.keys()) == ["k"]
         count, size = store.usage()
         assert count == 1
@@ -308,7 +309,8 @@ class StoreContract:
         stats = store.stats()
         assert stats["kind"] == store.kind
         assert stats["read_only"] is False
-        assert stats["hits"] == 1 and stats["puts"] == 1
+        assert stats["hits"] == 1
+        assert stats["puts"] == 1
 
 
     def test_context_manager_closes(self, store_factory: StoreFactory) -> None:
