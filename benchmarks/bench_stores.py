@@ -43,7 +43,7 @@ import captable
 import contenders as ct
 import scaling
 from kernelcache.settings import default_dir
-from timing import Row, measure, timer_overhead
+from timing import Budget, Row, measure, timer_overhead
 
 KB = 1024
 MB = 1024 * KB
@@ -104,7 +104,7 @@ def bench_size(
                 for c in group
             }
             max_calls = 1_000_000 if op == "get" else max(20, mode.max_put_bytes // size)
-            opts = {"seconds": mode.row_seconds, "rounds": mode.rounds, "overhead": overhead}
+            opts: Budget = {"seconds": mode.row_seconds, "rounds": mode.rounds, "overhead": overhead}
             measure(by_name, fns, keys, max_calls=max_calls, **opts)
             rows.extend(by_name.values())
     finally:
@@ -135,7 +135,7 @@ def bench_memory_hit(mode: Mode, overhead: int) -> list[Row]:
     }
     rows = {name: Row("get", 4 * KB, name, "", False) for name in fns}
     seconds = mode.row_seconds * 2
-    opts = {"seconds": seconds, "rounds": mode.rounds, "overhead": overhead}
+    opts: Budget = {"seconds": seconds, "rounds": mode.rounds, "overhead": overhead}
     cycles = {name: itertools.cycle(keys) for name in fns}
     measure(rows, fns, cycles, max_calls=10_000_000, **opts)
     # Cross-check without per-call timer overhead: mean of a tight loop.

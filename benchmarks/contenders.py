@@ -206,7 +206,7 @@ class SQLite(_KernelcacheStore):
 
     def _make(self, path: str) -> Any:
         try:
-            from kernelcache.stores.sqlite import SQLiteStore  # type: ignore[import-not-found]
+            from kernelcache.stores.sqlite import SQLiteStore
         except ImportError as exc:
             raise Unavailable(f"kernelcache.stores.sqlite not importable: {exc}") from exc
         os.makedirs(path)
