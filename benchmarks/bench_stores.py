@@ -104,7 +104,11 @@ def bench_size(
                 for c in group
             }
             max_calls = 1_000_000 if op == "get" else max(20, mode.max_put_bytes // size)
-            opts: Budget = {"seconds": mode.row_seconds, "rounds": mode.rounds, "overhead": overhead}
+            opts: Budget = {
+                "seconds": mode.row_seconds,
+                "rounds": mode.rounds,
+                "overhead": overhead,
+            }
             measure(by_name, fns, keys, max_calls=max_calls, **opts)
             rows.extend(by_name.values())
     finally:

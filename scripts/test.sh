@@ -9,6 +9,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
 .venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy
 # Coverage follows every Python process the tests start (pyproject: [tool.coverage]);
 # the report fails below its floor (fail_under).

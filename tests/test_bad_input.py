@@ -90,7 +90,9 @@ def test_entry_refuses_names_no_file_can_have(name: str) -> None:
     ],
 )
 @pytest.mark.parametrize("which", ["totals", "keys"])
-def test_a_damaged_stats_file_never_fails_the_cache(tmp_path: Path, damage: object, which: str) -> None:
+def test_a_damaged_stats_file_never_fails_the_cache(
+    tmp_path: Path, damage: object, which: str
+) -> None:
     root = tmp_path / "c"
     with Cache([MemoryStore(), DiskStore(root)]) as cache:
         cache.put(KEY, Entry({"a": b"1"}))

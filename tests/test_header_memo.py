@@ -25,7 +25,9 @@ from kernelcache.nvrtc import includes
 from kernelcache.nvrtc import key as nvrtc_key
 from kernelcache.stores.memory import MemoryStore
 
-SOURCE = '#include "scale.cuh"\nextern "C" __global__ void k(float* x) { x[threadIdx.x] *= SCALE; }\n'
+SOURCE = (
+    '#include "scale.cuh"\nextern "C" __global__ void k(float* x) { x[threadIdx.x] *= SCALE; }\n'
+)
 HEADER = "#pragma once\n#define SCALE 2.0f\n"
 
 #: A compile through one integration: (binary, hit).
@@ -151,9 +153,7 @@ def test_a_header_renamed_over_misses(compile_: Compile, tmp_path: Path) -> None
 
 
 @pytest.mark.usefixtures("trusted")
-def test_a_touch_without_change_rescans_once_and_hits(
-    compile_: Compile, scans: list[int]
-) -> None:
+def test_a_touch_without_change_rescans_once_and_hits(compile_: Compile, scans: list[int]) -> None:
     """The stat check notices the touch (one scan of the contents), the contents decide (a hit)."""
     first = warm_up(compile_)
     assert len(scans) == 1  # the cold compile's; the warm one read nothing

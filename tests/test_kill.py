@@ -23,7 +23,9 @@ from kernelcache.stores.disk import DiskStore
 from store_workers import KILL_KEYS, OPENERS, check_value, make_value, open_store
 
 ROUNDS = 6
-OPTIONS: dict[str, Any] = {"max_bytes": 4 << 20}  # ten keys of up to 1 MiB: writers are killed mid-eviction too
+OPTIONS: dict[str, Any] = {
+    "max_bytes": 4 << 20
+}  # ten keys of up to 1 MiB: writers are killed mid-eviction too
 #: Tiers whose usage() stays exact across a crash (a transaction); DiskStore's
 #: counter may be left high by a writer killed mid-change, never low.
 EXACT_AFTER_CRASH = {"disk": False, "sqlite": True}

@@ -199,9 +199,7 @@ KEY_TABLE = [
     pytest.param(
         _edit("common.cuh", COMMON.replace("2.0f", "3.0f")), BASE, {}, "misses", id="header-edit"
     ),
-    pytest.param(
-        _edit("k.cu", KERNEL.replace("256", "128")), BASE, {}, "misses", id="source-edit"
-    ),
+    pytest.param(_edit("k.cu", KERNEL.replace("256", "128")), BASE, {}, "misses", id="source-edit"),
     # Preprocessed the same: found through the preprocessed key.
     pytest.param(_edit("k.cu", KERNEL + "// edited\n"), BASE, {}, "hits", id="source-comment"),
     pytest.param(

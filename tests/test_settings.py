@@ -90,7 +90,9 @@ def test_one_field_list_names_every_variable() -> None:
     assert tuple(f"KERNELCACHE_{v}" for v in (
         "DIR", "MAX_SIZE", "MEMORY_MAX_SIZE", "LOCAL", "REMOTE", "DISABLE", "READONLY", "SECRET"
     )) == VARIABLES  # fmt: skip
-    loaded = Settings.load(environ={"KERNELCACHE_READONLY": "1", "KERNELCACHE_MEMORY_MAX_SIZE": "1M"})
+    loaded = Settings.load(
+        environ={"KERNELCACHE_READONLY": "1", "KERNELCACHE_MEMORY_MAX_SIZE": "1M"}
+    )
     assert loaded.read_only is True
     assert loaded.memory_max_bytes == 1 << 20
 

@@ -71,7 +71,9 @@ def redis_factory(url: str, tmp_path: Path) -> Iterator[StoreFactory]:
     # the timeout set their own).
     namespace = "t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
     yield from closing(
-        lambda read_only=False: RedisStore(url, namespace=namespace, read_only=read_only, timeout=5.0)
+        lambda read_only=False: RedisStore(
+            url, namespace=namespace, read_only=read_only, timeout=5.0
+        )
     )
 
 

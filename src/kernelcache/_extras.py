@@ -13,7 +13,11 @@ def missing(exc: ModuleNotFoundError, *, package: str, extra: str, feature: str)
     ``package`` itself (a broken installation) is passed through unchanged.
     """
     name = exc.name or ""
-    if name != package and not name.startswith(package + ".") and not package.startswith(name + "."):
+    if (
+        name != package
+        and not name.startswith(package + ".")
+        and not package.startswith(name + ".")
+    ):
         return exc
     return ModuleNotFoundError(
         f"{feature} needs {package!r}, which is not installed: pip install 'kernelcache[{extra}]'",

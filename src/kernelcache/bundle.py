@@ -226,9 +226,11 @@ def import_bundle(
     failed, the disk filled): nothing is imported either way (what was added
     before a failure is removed again).
     """
-    tiers = [target] if isinstance(target, Store) else [
-        tier for tier in target.tiers if not tier.in_process and not tier.read_only
-    ]
+    tiers = (
+        [target]
+        if isinstance(target, Store)
+        else [tier for tier in target.tiers if not tier.in_process and not tier.read_only]
+    )
     if not tiers or any(tier.read_only for tier in tiers):
         raise ReadOnlyStoreError(f"nowhere to import into: no writable tier in {target!r}")
     caps = [tier.max_bytes for tier in tiers]
@@ -242,7 +244,9 @@ def import_bundle(
             spool.seek(0)
             _import(spool, tiers, result, progress)
     except OSError as exc:  # the spool's own I/O (the disk filled): nothing was imported
-        raise StoreError(f"cannot spool the bundle in {spool_dir or 'the temp dir'}: {exc}") from exc
+        raise StoreError(
+            f"cannot spool the bundle in {spool_dir or 'the temp dir'}: {exc}"
+        ) from exc
     return result
 
 

@@ -46,7 +46,9 @@ class Cache:
         # Statistics live in the settings' directory when the settings chose the
         # tiers (whatever the local tier's kind), else in the first local tier's.
         #: The directory whose statistics ``kernelcache stats`` shows for this cache.
-        self.stats_dir = settings_dir(self.settings) if tiers is None else persistent_dir(self.tiers)
+        self.stats_dir = (
+            settings_dir(self.settings) if tiers is None else persistent_dir(self.tiers)
+        )
         # Read-only settings write nothing into the directory, statistics included.
         record = persist_stats and not (tiers is None and self.settings.read_only)
         self._stats = Recorder(self.tiers, self.stats_dir if record else None)
@@ -54,7 +56,9 @@ class Cache:
         # dropped Cache (and its last statistics flush) to the cyclic collector,
         # which may run it at any allocation, even inside another flush.
         self._stack = TierStack(self.tiers, self._stats)
-        self._flight = SingleFlight(self.tiers, self._stack.lookup_from, self._stack.store, self._stats)
+        self._flight = SingleFlight(
+            self.tiers, self._stack.lookup_from, self._stack.store, self._stats
+        )
         self._sample = self._stats.sample
         self._exact_first = not self._stats.sampling
         # Flushes at close, when the Cache is collected, and at interpreter exit.

@@ -137,7 +137,9 @@ def _bad_prefix(view: bytes | memoryview) -> CorruptEntry:
     if len(view) < PREFIX_SIZE or view[: len(MAGIC)] != MAGIC:
         return CorruptEntry("not a kernelcache entry (bad magic or too short)")
     (version,) = struct.unpack_from("<H", view, len(MAGIC))
-    return CorruptEntry(f"entry format version {version} is not supported (this is {FORMAT_VERSION})")
+    return CorruptEntry(
+        f"entry format version {version} is not supported (this is {FORMAT_VERSION})"
+    )
 
 
 def header_size(prefix: bytes | memoryview) -> int:

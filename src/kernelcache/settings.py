@@ -100,9 +100,7 @@ class Settings:
     )
     remote: str | None = dataclasses.field(default=None, metadata=_variable("REMOTE", _parse_text))
     disable: bool = dataclasses.field(default=False, metadata=_variable("DISABLE", _parse_bool))
-    read_only: bool = dataclasses.field(
-        default=False, metadata=_variable("READONLY", _parse_bool)
-    )
+    read_only: bool = dataclasses.field(default=False, metadata=_variable("READONLY", _parse_bool))
     secret: str | None = dataclasses.field(
         default=None, repr=False, metadata=_variable("SECRET", _parse_secret)
     )
@@ -128,7 +126,9 @@ class Settings:
             var = meta["variable"]
             if arguments.get(field.name) is not None:
                 value = arguments[field.name]
-                values[field.name] = meta["parse"](field.name, value) if meta["arguments"] else value
+                values[field.name] = (
+                    meta["parse"](field.name, value) if meta["arguments"] else value
+                )
                 sources[field.name] = "argument"
             elif var in env and (env[var].strip() or field.name != "dir"):
                 values[field.name] = meta["parse"](var, env[var])

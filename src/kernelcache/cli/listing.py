@@ -75,7 +75,9 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             raise ConfigError(str(exc)) from None
         entry = found[0].get(args.key) if found is not None else None
         hits, saved = _key_hits(cache).get(args.key, (0, 0.0))
-        tier_name = dict((id(t), n) for n, t in named(cache.tiers)).get(id(found[0])) if found else None
+        tier_name = (
+            dict((id(t), n) for n, t in named(cache.tiers)).get(id(found[0])) if found else None
+        )
     if found is None or entry is None:
         state = "is damaged (run `kernelcache verify --fix`)" if found else "is not in the cache"
         print(f"kernelcache: entry {args.key} {state}", file=sys.stderr)

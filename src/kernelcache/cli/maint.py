@@ -39,7 +39,9 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings, write=args.fix) as cache:
         listed = sum(1 for _ in maintenance.entries(cache.tiers))
         progress = Progress("verify", listed)
-        bad = maintenance.verify(cache.tiers, fix=args.fix, progress=lambda d, _t: progress.update(d))
+        bad = maintenance.verify(
+            cache.tiers, fix=args.fix, progress=lambda d, _t: progress.update(d)
+        )
         progress.close()
         if args.fix and bad:
             keep = {info.key for _tier, info in maintenance.entries(cache.tiers)}
@@ -85,7 +87,9 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings, write=False) as cache:
         count = sum(1 for _ in maintenance.entries(cache.tiers))
-        where = ", ".join(f"{name} {tier!r}" for name, tier in named(cache.tiers) if not tier.in_process)
+        where = ", ".join(
+            f"{name} {tier!r}" for name, tier in named(cache.tiers) if not tier.in_process
+        )
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError(f"refusing to clear {where} without --yes (no terminal)")
@@ -157,8 +161,10 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         try:
             # "-" reads standard input: a bundle can arrive through a pipe.
             with contextlib.ExitStack() as stack:
-                source = sys.stdin.buffer if args.file == "-" else stack.enter_context(
-                    open(args.file, "rb")
+                source = (
+                    sys.stdin.buffer
+                    if args.file == "-"
+                    else stack.enter_context(open(args.file, "rb"))
                 )
                 result = bundle.import_bundle(source, cache, progress=progress.set)
         except (bundle.BundleError, StoreError, OSError) as exc:
@@ -168,5 +174,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         progress.close()
     for key in result.conflicts:
         print(f"kernelcache: kept the stored entry of {key}: the bundle's differs", file=sys.stderr)
-    print(f"imported {result.added} entries from {args.file} ({result.present} were already present)")
+    print(
+        f"imported {result.added} entries from {args.file} ({result.present} were already present)"
+    )
     return 0

@@ -38,7 +38,9 @@ from kernelcache._extras import missing
 try:
     import ninetoothed as _ninetoothed
 except ModuleNotFoundError as exc:
-    raise missing(exc, package="ninetoothed", extra="ninetoothed", feature="kernelcache.ninetoothed") from exc
+    raise missing(
+        exc, package="ninetoothed", extra="ninetoothed", feature="kernelcache.ninetoothed"
+    ) from exc
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache

@@ -121,6 +121,7 @@ def compile(
     Raises :class:`NVRTCError` (with NVRTC's log) when the program does not
     compile, and ``ValueError`` for options or includes that cannot be keyed.
     """
+
     def make() -> Request:
         return request(source, name, arch, target, options, headers, include_dirs, name_expressions)
 

@@ -110,7 +110,6 @@ class StoreContract:
             assert got[name] == data
         assert got.meta == {"name": "add", "n": [1, 2.5, None]}
 
-
     def test_entry_path_is_a_real_file_with_the_bytes(self, store: Store) -> None:
         store.put("k1", Entry(ARTIFACTS))
         got = store.get("k1")
@@ -119,12 +118,10 @@ class StoreContract:
             with open(got.path(name), "rb") as f:
                 assert f.read() == data
 
-
     def test_miss_is_none(self, store: Store) -> None:
         assert store.get("absent") is None
         assert store.counters.misses == 1
         assert store.counters.hits == 0
-
 
     def test_same_entry_under_two_keys(self, store: Store) -> None:
         entry = make_entry("shared")
@@ -133,7 +130,6 @@ class StoreContract:
         assert store.get("a") == entry
         assert store.get("b") == entry
         assert sorted(store.keys()) == ["a", "b"]
-
 
     def test_overwrite_replaces(self, store: Store) -> None:
         store.put("k", make_entry("old", 5000))
@@ -146,7 +142,6 @@ class StoreContract:
         assert count == 1
         assert size < 5000  # the old entry's bytes are no longer counted
 
-
     def test_delete(self, store: Store) -> None:
         store.put("k", make_entry("x"))
         store.put("other", make_entry("y"))
@@ -156,7 +151,6 @@ class StoreContract:
         assert store.get("other") == make_entry("y")
         assert store.counters.deletes == 1
         assert store.usage()[0] == 1
-
 
     def test_keys_scan_and_usage_agree(self, store: Store) -> None:
         entries = {f"key{i}": make_entry(str(i), 500 + 100 * i) for i in range(10)}
@@ -169,7 +163,6 @@ class StoreContract:
             assert info.size >= entries[key].nbytes  # packed tiers add their header
         assert store.usage() == (10, sum(info.size for info in infos.values()))
 
-
     def test_clear(self, store: Store) -> None:
         for i in range(5):
             store.put(f"k{i}", make_entry(str(i)))
@@ -178,7 +171,6 @@ class StoreContract:
         assert store.usage() == (0, 0)
         store.put("again", make_entry("again"))  # still usable
         assert store.get("again") == make_entry("again")
-
 
     def test_read_only_refuses_writes_and_keeps_data(self, store: Store) -> None:
         store.put("k", make_entry("kept"))
@@ -195,7 +187,6 @@ class StoreContract:
         assert store.get("k") == make_entry("kept")
         assert list(store.keys()) == ["k"]
 
-
     def test_reopened_read_only_sees_data(self, store_factory: StoreFactory) -> None:
         if not self.persistent:
             pytest.skip("this tier is not persistent")
@@ -208,9 +199,6 @@ class StoreContract:
             reader.put("k", make_entry("other"))
         assert store_factory().get("k") == make_entry("kept")
 
-
-
-
     @pytest.mark.parametrize("key", BAD_KEYS)
     def test_invalid_keys_raise_value_error(self, store: Store, key: object) -> None:
         with pytest.raises(ValueError, match="invalid cache key"):
@@ -222,13 +210,11 @@ class StoreContract:
             assert store.get(key) is None  # type: ignore[arg-type]
         assert list(store.keys()) == []
 
-
     def test_valid_key_forms(self, store: Store) -> None:
         for key in ("a", "A_b-c.d", "0" * 64, "k" * 200, "_x", "a.b"):
             store.put(key, make_entry(key))
         for key in ("a", "A_b-c.d", "0" * 64, "k" * 200, "_x", "a.b"):
             assert store.get(key) == make_entry(key)
-
 
     @pytest.mark.parametrize(
         "caps",
@@ -284,7 +270,6 @@ class StoreContract:
         assert store.counters.evictions == 150 - store.usage()[0] > 0
         assert store.get("key149") is not None  # the newest entry is kept
 
-
     def test_entry_larger_than_the_cap_is_not_kept(self, store_factory: StoreFactory) -> None:
         self.need_caps()
         store = store_factory(max_bytes=16 * 1024)
@@ -292,7 +277,6 @@ class StoreContract:
         assert store.get("big") is None
         assert store.usage() == (0, 0)
         assert store.counters.evictions >= 1
-
 
     def test_counters_move(self, store: Store) -> None:
         entry = make_entry("x", 2000)
@@ -312,7 +296,6 @@ class StoreContract:
         assert stats["hits"] == 1
         assert stats["puts"] == 1
 
-
     def test_context_manager_closes(self, store_factory: StoreFactory) -> None:
         with store_factory() as store:
             store.put("k", make_entry("x"))
@@ -321,7 +304,6 @@ class StoreContract:
         if self.persistent:
             with store_factory() as reopened:
                 assert reopened.get("k") == make_entry("x")
-
 
     def test_threads_share_one_store(self, store: Store) -> None:
         """Four threads mixing puts, gets and deletes on a few keys: no error, no wrong value."""

@@ -34,7 +34,9 @@ from kernelcache._extras import missing
 try:
     import tilelang as _tilelang
 except ModuleNotFoundError as exc:
-    raise missing(exc, package="tilelang", extra="tilelang", feature="kernelcache.tilelang") from exc
+    raise missing(
+        exc, package="tilelang", extra="tilelang", feature="kernelcache.tilelang"
+    ) from exc
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache

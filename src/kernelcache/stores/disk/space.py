@@ -277,7 +277,9 @@ class Space:
             self.layout.shard_dir(self.layout.extracted, shard, create=True)
             folder = self.layout.key_folder(key, shard)
             self.layout.sub_folder(folder, create=True)
-            freed = sum(self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag)
+            freed = sum(
+                self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
+            )
             tally.add(size - freed, 0)
             try:
                 os.rename(staged, f"{folder}/{tag}")
