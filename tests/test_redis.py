@@ -103,8 +103,7 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
         assert cache.get(f"missing{i}") is None  # no exception reaches the caller
         costs.append(time.perf_counter() - start)
     assert max(costs) < timeout * 3
-    assert remote.breaker.state == "open"
-    assert max(costs[3:]) < 0.05  # skipped by the breaker, no connection attempt
+    assert remote.breaker.state == "open"  # the later calls are skipped: counted below
     start = time.perf_counter()
     later = _cubin(b"later")
     cache.put("later", later)  # lands in the local tiers
@@ -179,24 +178,20 @@ def test_hung_redis_costs_at_most_the_timeout_per_call(own_redis: RedisServer, n
             start = time.perf_counter()
             assert cache.get(key) is None
             costs.append(time.perf_counter() - start)
-        start = time.perf_counter()
         cache.put("new", _cubin())
-        put_cost = time.perf_counter() - start
         lock = remote.flight_lock("k")
         assert lock is not None
-        start = time.perf_counter()
         assert lock.acquire(timeout=5) is False  # cannot coordinate: do not wait for nothing
-        lock_cost = time.perf_counter() - start
     finally:
         own_redis.resume()
     assert timeout * 0.8 < costs[0] < timeout * 3
     assert costs[1] < timeout * 3
-    assert max(costs[2:]) < 0.05
-    assert put_cost < 0.05
-    assert lock_cost < 0.05
     stats = remote.stats()
     assert stats["timeouts"] == 2
     assert stats["breaker_trips"] == 1
+    # Two gets, the put and the lock were skipped by the open breaker: no connection
+    # attempt, no wait (counted, not timed: a loaded machine stalls any short bound).
+    assert stats["skipped"] == 4, stats
     assert cache.tiers[0].get("new") is not None
 
 
