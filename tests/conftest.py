@@ -9,7 +9,7 @@ import pytest
 
 from redis_cluster import own_cluster, redis_cluster  # noqa: F401 (fixtures for every test file)
 from redis_proxy import proxy  # noqa: F401
-from redis_server import own_redis, redis_server  # noqa: F401
+from redis_server import ns, own_redis, raw, redis_server  # noqa: F401
 
 
 @pytest.fixture(scope="session", autouse=True)

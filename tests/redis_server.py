@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 BINARY = shutil.which("redis-server")
 SKIP_REASON = (
@@ -140,3 +141,17 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 def unique_namespace() -> str:
     return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def ns() -> str:
+    """A namespace of its own for each test: tests sharing one server never see each other."""
+    return unique_namespace()
+
+
+@pytest.fixture
+def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A plain redis-py client of the suite's server, to look at or damage what a test stored."""
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()

@@ -7,7 +7,6 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,7 @@ from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore
 from kernelcache.stores.redis import format as fmt
-from redis_server import RedisServer, unique_namespace
-
-
-@pytest.fixture
-def ns() -> str:
-    return unique_namespace()
-
-
-@pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
+from redis_server import RedisServer
 
 
 def _cubin(tag: bytes = b"add", size: int = 6000) -> Entry:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,21 +21,9 @@ from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.badvalues import BadValues
 from redis_proxy import MisbehavingProxy
-from redis_server import RedisServer, unique_namespace
+from redis_server import RedisServer
 
 CHUNK = fmt.MIN_CHUNK_SIZE
-
-
-@pytest.fixture
-def ns() -> str:
-    return unique_namespace()
-
-
-@pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 def _name(ns: str, key: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,13 +17,6 @@ from redis_server import RedisServer, unique_namespace
 
 SECRET = "correct horse battery staple"
 CHUNK = fmt.MIN_CHUNK_SIZE
-
-
-@pytest.fixture
-def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url)
-    yield client
-    client.close()
 
 
 @pytest.fixture
