@@ -18,6 +18,7 @@ import time
 import traceback
 from typing import Any
 
+import children
 import triton_standin
 
 # At import, not in main(): ninetoothed.build's spawned workers import this module.
@@ -104,23 +105,13 @@ def build(folder: str) -> dict[str, Any]:
     return {"callable": callable(kernel)}
 
 
-def _wait_for(path: str) -> None:
-    with open(f"{path}.ready.{os.getpid()}", "w"):
-        pass
-    deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
-
-
 def main(argv: list[str]) -> None:
     if "--upstream" not in argv:
         import kernelcache.ninetoothed
 
         kernelcache.ninetoothed.install(device={"name": "stand-in sm_90", "capability": (9, 0)})
     if "--wait-for" in argv:
-        _wait_for(argv[argv.index("--wait-for") + 1])
+        children.wait_for(argv[argv.index("--wait-for") + 1])
     mode, args = argv[0], [a for a in argv[1:] if not a.startswith("--")]
     start = time.perf_counter()
     if mode == "race":

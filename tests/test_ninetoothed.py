@@ -8,10 +8,8 @@ Processes of their own run ``ninetoothed_kernels.py``.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ import pytest
 ninetoothed = pytest.importorskip("ninetoothed")
 triton = pytest.importorskip("triton")
 
+import children  # noqa: E402
 import kernelcache.ninetoothed as kcn  # noqa: E402
 import ninetoothed_kernels as nk  # noqa: E402  (activates the stand-in driver)
 import triton_standin  # noqa: E402
@@ -220,32 +219,18 @@ def nt_env(toolkit: Toolkit, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
-    return dict(json.loads(out.strip().splitlines()[-1]))
-
-
 def test_source_race_has_no_failures(nt_env: dict[str, str], tmp_path: Path) -> None:
     go = tmp_path / "go"
-    procs = [start(nt_env, "race", "200", "t", "--wait-for", str(go)) for _ in range(2)]
+    procs = [
+        children.start(SCRIPT, nt_env, "race", "200", "t", "--wait-for", str(go)) for _ in range(2)
+    ]
     deadline = time.monotonic() + 300
     while len(list(tmp_path.glob("go.ready.*"))) < 2:
         assert time.monotonic() < deadline
         assert all(p.poll() is None for p in procs)
         time.sleep(0.05)
     go.touch()
-    reports = [finish(p) for p in procs]
+    reports = [children.finish(p) for p in procs]
     assert sum(r["count"] for r in reports) >= 400
     assert [r["failures"] for r in reports] == [0, 0], [r["errors"] for r in reports]
 
@@ -254,7 +239,7 @@ def test_aot_outputs_are_reused_by_a_second_process(
     toolkit: Toolkit, nt_env: dict[str, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = finish(start(nt_env, "aot", str(out)))
+    first = children.finish(children.start(SCRIPT, nt_env, "aot", str(out)))
     assert first["stats"]["output_compiles"] == 1
     assert len(toolkit.compiles()) == 1
     files = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -262,7 +247,7 @@ def test_aot_outputs_are_reused_by_a_second_process(
     assert "add.h" in files
     shutil.rmtree(out)  # a fresh checkout: the outputs are gone, kernelcache has them
     runs = len(toolkit.runs())
-    second = finish(start(nt_env, "aot", str(out)))
+    second = children.finish(children.start(SCRIPT, nt_env, "aot", str(out)))
     assert second["stats"]["output_hits"] == 1
     assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.runs()) == runs, "no nvcc run on a hit"
@@ -274,12 +259,12 @@ def test_build_outputs_are_reused_by_a_second_process(
     toolkit: Toolkit, nt_env: dict[str, str], tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = finish(start(nt_env, "build", str(out)))
+    first = children.finish(children.start(SCRIPT, nt_env, "build", str(out)))
     assert first["stats"]["output_compiles"] == 1
     compiles = len(toolkit.compiles())
     assert compiles == 3  # one library per config and the dispatcher
     shutil.rmtree(out)
-    second = finish(start(nt_env, "build", str(out)))
+    second = children.finish(children.start(SCRIPT, nt_env, "build", str(out)))
     assert second["stats"]["output_hits"] == 1
     assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.compiles()) == compiles

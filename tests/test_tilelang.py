@@ -7,11 +7,8 @@ is needed: the targets name an architecture (sm_90, sm_90a for the GEMM).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +17,7 @@ import pytest
 
 tilelang = pytest.importorskip("tilelang")
 
+import children  # noqa: E402
 from cuda_standin import Toolkit, make_toolkit  # noqa: E402
 from kernelcache.tilelang import keys  # noqa: E402
 
@@ -52,24 +50,8 @@ def dsl_env(toolkit: Toolkit, tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-4000:]
-    return dict(json.loads(out.strip().splitlines()[-1]))
-
-
 def run(env: dict[str, str], *args: str) -> dict[str, Any]:
-    return finish(start(env, *args))
+    return children.finish(children.start(SCRIPT, env, *args))
 
 
 @pytest.mark.parametrize(
@@ -107,16 +89,16 @@ def _start_together(
     env: dict[str, str], tmp_path: Path, count: int, *args: str
 ) -> list[dict[str, Any]]:
     go = tmp_path / "go"
-    procs = [start(env, *args, "--wait-for", str(go)) for _ in range(count)]
+    procs = [children.start(SCRIPT, env, *args, "--wait-for", str(go)) for _ in range(count)]
     deadline = time.monotonic() + 300
     while len(list(tmp_path.glob("go.ready.*"))) < count:
         assert time.monotonic() < deadline, "workers never got ready"
         assert all(p.poll() is None for p in procs), [
-            finish(p) for p in procs if p.poll() is not None
+            children.finish(p) for p in procs if p.poll() is not None
         ]
         time.sleep(0.05)
     go.touch()
-    return [finish(p) for p in procs]
+    return [children.finish(p) for p in procs]
 
 
 def test_two_processes_started_together_run_nvcc_once(

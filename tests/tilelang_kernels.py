@@ -14,7 +14,6 @@ The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 # No "from __future__ import annotations": TileLang evaluates the annotations of prim_funcs.
 
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +21,8 @@ from typing import Any
 
 import tilelang
 import tilelang.language as T
+
+import children
 
 ADD_TARGET = {"kind": "cuda", "arch": "sm_90"}
 GEMM_TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -84,16 +85,6 @@ def _evict_after_get() -> None:
     kernels.load = load
 
 
-def _wait_for(path: str) -> None:
-    with open(f"{path}.ready.{os.getpid()}", "w"):
-        pass
-    deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.01)
-
-
 def main(argv: list[str]) -> None:
     name, backend = argv[0], argv[1]
     use_kernelcache = "--upstream" not in argv
@@ -104,7 +95,7 @@ def main(argv: list[str]) -> None:
         if "--evict-after-get" in argv:
             _evict_after_get()
     if "--wait-for" in argv:
-        _wait_for(argv[argv.index("--wait-for") + 1])
+        children.wait_for(argv[argv.index("--wait-for") + 1])
     start = time.perf_counter()
     kernel = compile_kernel(name, backend)
     seconds = time.perf_counter() - start

@@ -1,0 +1,44 @@
+"""Child Python processes of the DSL tests: a script run with arguments, reporting one JSON line.
+
+The parent starts several children (:func:`start`), lets them go at once by
+creating a file each child waits for (:func:`wait_for`, in the child), and
+reads the last line of each one's output as its report (:func:`finish`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def start(script: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The child's report (its last line of output, JSON), once it exited with 0."""
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def wait_for(path: str) -> None:
+    """In a child: say it is ready (``<path>.ready.<pid>``), then wait until ``path`` exists."""
+    with open(f"{path}.ready.{os.getpid()}", "w"):
+        pass
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)
