@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -60,6 +61,45 @@ def clean_env(cache_dir: Path, **extra: str) -> dict[str, str]:
         if name not in extra:
             env.pop(name, None)
     return env
+
+
+#: One kernel (its unused variable: a warning on stderr that every hit must replay).
+KERNEL = """__global__ void saxpy(float a, const float* x, float* y) {
+    int unused_on_purpose;  // a warning on stderr, replayed by every hit
+    y[threadIdx.x] = a * x[threadIdx.x] + y[threadIdx.x];
+}
+"""
+CUBIN = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
+
+
+class Project:
+    """A user's bin directory, cache directory and project (``k.cu``), under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.front = make_bin(root / "bin")
+        self.cache = root / "cache"
+        self.project = root / "project"
+        self.project.mkdir()
+        (self.project / "k.cu").write_text(KERNEL)
+        self.env = clean_env(self.cache)
+
+    def run(self, args: list[str] = CUBIN, **env: str) -> subprocess.CompletedProcess[bytes]:
+        """``kernelcache nvcc ARGS`` in the project, as the user runs it."""
+        return subprocess.run(
+            [str(self.front), "nvcc", *args],
+            cwd=self.project,
+            env={**self.env, **env},
+            capture_output=True,
+            check=False,
+        )
+
+    def warm(self) -> subprocess.CompletedProcess[bytes]:
+        """A miss, then the server started: the next call is a server hit."""
+        miss = self.run()
+        assert miss.returncode == 0, miss.stderr
+        assert stats(self.cache)["misses"] == 1, miss.stderr
+        start_server(self.cache, self.env)
+        return miss
 
 
 def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) -> None:

@@ -24,7 +24,9 @@ import pytest
 
 from kernelcache.nvcc import client, native, server
 from launcher_env import (
+    CUBIN,
     FakeServer,
+    Project,
     answered,
     clean_env,
     client_path,
@@ -45,13 +47,6 @@ pytestmark = [
     pytest.mark.skipif(native.host_name() is None, reason="no usable host name"),
 ]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
-
-KERNEL = """__global__ void saxpy(float a, const float* x, float* y) {
-    int unused_on_purpose;  // a warning on stderr, replayed by every hit
-    y[threadIdx.x] = a * x[threadIdx.x] + y[threadIdx.x];
-}
-"""
-CUBIN = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
 
 
 def _compile(out: Path, *flags: str) -> Path | None:
@@ -121,37 +116,15 @@ def duplicates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where / "dup"
 
 
-class Setup:
+class Setup(Project):
     """A user's bin directory, cache (with a client in it) and project."""
 
     def __init__(self, root: Path, binary: Path | None) -> None:
-        self.front = make_bin(root / "bin")
-        self.cache = root / "cache"
+        super().__init__(root)
         self.cache.mkdir(mode=0o700)
         if binary is not None:
             install_client(self.cache, binary)
-        self.project = root / "project"
-        self.project.mkdir()
-        (self.project / "k.cu").write_text(KERNEL)
-        self.env = clean_env(self.cache)
         self.cold = b""
-
-    def run(self, args: list[str] = CUBIN, **env: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [str(self.front), "nvcc", *args],
-            cwd=self.project,
-            env={**self.env, **env},
-            capture_output=True,
-            check=False,
-        )
-
-    def warm(self) -> subprocess.CompletedProcess[bytes]:
-        """A miss, then the server started: the next call is the compiled client's hit."""
-        miss = self.run()
-        assert miss.returncode == 0, miss.stderr
-        assert stats(self.cache)["misses"] == 1, miss.stderr
-        start_server(self.cache, self.env)
-        return miss
 
 
 @pytest.fixture

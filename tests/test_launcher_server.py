@@ -25,9 +25,9 @@ import pytest
 
 from kernelcache.nvcc import client, server
 from launcher_env import (
+    CUBIN,
     FakeServer,
-    clean_env,
-    make_bin,
+    Project,
     server_pid,
     start_server,
     stats,
@@ -36,53 +36,17 @@ from launcher_env import (
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
-KERNEL = """__global__ void saxpy(float a, const float* x, float* y) {
-    int unused_on_purpose;  // a warning on stderr, replayed by every hit
-    y[threadIdx.x] = a * x[threadIdx.x] + y[threadIdx.x];
-}
-"""
-ARGS = ["-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"]
-
-
-class Setup:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.front = make_bin(root / "bin")
-        self.cache = root / "cache"
-        self.project = root / "project"
-        self.project.mkdir()
-        (self.project / "k.cu").write_text(KERNEL)
-        self.env = clean_env(self.cache)
-
-    def run(self, args: list[str] = ARGS, **env: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            [str(self.front), "nvcc", *args],
-            cwd=self.project,
-            env={**self.env, **env},
-            capture_output=True,
-            check=False,
-        )
-
 
 @pytest.fixture
-def setup(tmp_path: Path) -> Iterator[Setup]:
-    s = Setup(tmp_path)
+def setup(tmp_path: Path) -> Iterator[Project]:
+    s = Project(tmp_path)
     time.sleep(0.05)
     yield s
     server.stop(str(s.cache))
 
 
-def warm(s: Setup) -> subprocess.CompletedProcess[bytes]:
-    """A miss (in-process), then the server started: the next call is a server hit."""
-    miss = s.run()
-    assert miss.returncode == 0
-    assert stats(s.cache)["misses"] == 1
-    start_server(s.cache, s.env)
-    return miss
-
-
-def test_hit_from_the_server_is_what_nvcc_gave(setup: Setup) -> None:
-    miss = warm(setup)
+def test_hit_from_the_server_is_what_nvcc_gave(setup: Project) -> None:
+    miss = setup.warm()
     cold = (setup.project / "k.cubin").read_bytes()
     (setup.project / "k.cubin").unlink()
     hit = setup.run()
@@ -92,15 +56,15 @@ def test_hit_from_the_server_is_what_nvcc_gave(setup: Setup) -> None:
     assert stats(setup.cache)["server_hits"] == 1
 
 
-def test_socket_and_log_are_private(setup: Setup) -> None:
-    warm(setup)
+def test_socket_and_log_are_private(setup: Project) -> None:
+    setup.warm()
     for name in ("launcher.sock", "launcher.log", "launcher.lock"):
         mode = os.lstat(setup.cache / name).st_mode
         assert stat.S_IMODE(mode) == 0o600, name
     assert stat.S_ISSOCK(os.lstat(setup.cache / "launcher.sock").st_mode)
 
 
-def test_a_missing_server_is_started_by_the_next_call(setup: Setup) -> None:
+def test_a_missing_server_is_started_by_the_next_call(setup: Project) -> None:
     assert setup.run().returncode == 0  # creates the cache directory: no server yet
     assert setup.run().returncode == 0  # a local hit, and a server started for later
     wait_for(lambda: server_pid(setup.cache) is not None, 60, "the server to start")
@@ -109,24 +73,24 @@ def test_a_missing_server_is_started_by_the_next_call(setup: Setup) -> None:
     assert stats(setup.cache) == {**stats(setup.cache), "hits": 2, "server_hits": 1}
 
 
-def test_server_off(setup: Setup) -> None:
+def test_server_off(setup: Project) -> None:
     for _ in range(3):
         assert setup.run(KERNELCACHE_SERVER="0").returncode == 0
     assert server_pid(setup.cache) is None
     assert stats(setup.cache)["hits"] == 2
 
 
-def test_idle_server_exits_by_itself(setup: Setup) -> None:
+def test_idle_server_exits_by_itself(setup: Project) -> None:
     setup.env["KERNELCACHE_SERVER_IDLE"] = "1"
-    warm(setup)
+    setup.warm()
     pid = server_pid(setup.cache)
     assert pid is not None
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the idle server to exit")
     assert not (setup.cache / "launcher.sock").exists()
 
 
-def test_crashed_server_is_replaced(setup: Setup) -> None:
-    warm(setup)
+def test_crashed_server_is_replaced(setup: Project) -> None:
+    setup.warm()
     pid = server_pid(setup.cache)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
@@ -142,8 +106,8 @@ def test_crashed_server_is_replaced(setup: Setup) -> None:
     assert stats(setup.cache)["server_hits"] == before + 1
 
 
-def test_a_hung_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
-    warm(setup)
+def test_a_hung_server_costs_its_timeout_not_the_build(setup: Project) -> None:
+    setup.warm()
     pid = server_pid(setup.cache)
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
@@ -166,7 +130,7 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Setup) -> None:
         pytest.param(client.pack([b"something else"]), id="unknown-answer"),
     ],
 )
-def test_a_server_that_dies_mid_request_is_not_trusted(setup: Setup, reply: bytes) -> None:
+def test_a_server_that_dies_mid_request_is_not_trusted(setup: Project, reply: bytes) -> None:
     assert setup.run().returncode == 0  # the cache directory and a cached result
     fake = FakeServer(setup.cache / "launcher.sock", reply)
     try:
@@ -182,15 +146,15 @@ def test_a_server_that_dies_mid_request_is_not_trusted(setup: Setup, reply: byte
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the socket away")
-def test_a_socket_owned_by_someone_else_is_never_used(setup: Setup) -> None:
-    warm(setup)
+def test_a_socket_owned_by_someone_else_is_never_used(setup: Project) -> None:
+    setup.warm()
     os.chown(setup.cache / "launcher.sock", 12345, -1, follow_symlinks=False)
     assert setup.run().returncode == 0
     assert stats(setup.cache)["server_hits"] == 0
     assert stats(setup.cache)["hits"] == 1
 
 
-def test_failed_compiles_pass_through_the_executable(setup: Setup) -> None:
+def test_failed_compiles_pass_through_the_executable(setup: Project) -> None:
     (setup.project / "bad.cu").write_text("__global__ void k() { not_declared(); }\n")
     time.sleep(0.05)
     start_server(setup.cache, setup.env)
@@ -204,8 +168,8 @@ def test_failed_compiles_pass_through_the_executable(setup: Setup) -> None:
     assert stats(setup.cache)["hits"] == 0
 
 
-def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Setup) -> None:
-    warm(setup)
+def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Project) -> None:
+    setup.warm()
     proc = setup.run(["--version"])
     assert proc.returncode == 0
     assert b"Cuda compilation tools" in proc.stdout
@@ -224,19 +188,19 @@ def _ask_with(cache: Path, protocol: bytes) -> list[bytes] | None:
         sock.close()
 
 
-def test_a_newer_protocol_makes_the_server_exit(setup: Setup) -> None:
+def test_a_newer_protocol_makes_the_server_exit(setup: Project) -> None:
     """A client of a later version gets its own server: this one makes way."""
-    warm(setup)
+    setup.warm()
     assert _ask_with(setup.cache, b"kernelcache-launcher/99") == [b"fallback", b"protocol"]
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the server to exit")
 
 
 @pytest.mark.parametrize("protocol", [b"kernelcache-launcher/1", b"kernelcache-launcher/x", b"?"])
 def test_an_older_or_unknown_protocol_leaves_the_server_running(
-    setup: Setup, protocol: bytes
+    setup: Project, protocol: bytes
 ) -> None:
     """Two versions sharing a directory must not make servers exit in turn."""
-    warm(setup)
+    setup.warm()
     pid = server_pid(setup.cache)
     for _ in range(2):
         assert _ask_with(setup.cache, protocol) == [b"fallback", b"protocol"]
@@ -245,8 +209,8 @@ def test_an_older_or_unknown_protocol_leaves_the_server_running(
     assert stats(setup.cache)["server_hits"] == 1
 
 
-def test_server_hits_are_in_the_cache_statistics(setup: Setup) -> None:
-    warm(setup)
+def test_server_hits_are_in_the_cache_statistics(setup: Project) -> None:
+    setup.warm()
     for _ in range(3):
         assert setup.run().returncode == 0
     server.stop(str(setup.cache))  # a stopping server flushes what it counted
@@ -273,8 +237,8 @@ def test_a_malformed_message_is_refused() -> None:
         client.unpack(client.pack([b"abcdef"])[8:-2])
 
 
-def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
-    warm(setup)
+def test_bad_requests_cost_the_server_nothing(setup: Project) -> None:
+    setup.warm()
     for payload in (
         (1 << 40).to_bytes(8, "big"),  # announces a terabyte
         (5).to_bytes(8, "big") + b"abc",  # ends early
@@ -292,22 +256,22 @@ def test_bad_requests_cost_the_server_nothing(setup: Setup) -> None:
 
 
 def test_an_importing_process_uses_the_server_too(
-    setup: Setup, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    setup: Project, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """``python -m kernelcache nvcc`` and ``kernelcache-cli nvcc`` run the client in-process."""
     monkeypatch.chdir(setup.project)
     for name, value in setup.env.items():
         monkeypatch.setenv(name, value)
     # No cache directory yet: no server to ask, none can be started, the launcher runs here.
-    assert client.main(["nvcc", *ARGS]) == 0
+    assert client.main(["nvcc", *CUBIN]) == 0
     assert stats(setup.cache)["misses"] == 1
     assert server_pid(setup.cache) is None
     # A directory, no server: a local hit, and a server started for the next call.
-    assert client.main(["nvcc", *ARGS]) == 0
+    assert client.main(["nvcc", *CUBIN]) == 0
     wait_for(lambda: (setup.cache / "launcher.sock").exists(), 60, "the server to listen")
     wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "its start to end")
     capfd.readouterr()
-    assert client.main(["nvcc", *ARGS]) == 0
+    assert client.main(["nvcc", *CUBIN]) == 0
     assert b"unused_on_purpose" in capfd.readouterr().err.encode()
     assert stats(setup.cache)["server_hits"] == 1
     # Uncacheable: counted by the server, run here.
@@ -315,17 +279,25 @@ def test_an_importing_process_uses_the_server_too(
     assert "Cuda compilation tools" in capfd.readouterr().out
     assert stats(setup.cache)["uncacheable"] == 1
     monkeypatch.setenv("KERNELCACHE_SERVER", "off")
-    assert client.main(["nvcc", *ARGS]) == 0
+    assert client.main(["nvcc", *CUBIN]) == 0
     assert stats(setup.cache)["server_hits"] == 1
     assert stats(setup.cache)["hits"] == 3
 
 
-def test_outputs_written_by_the_server_get_the_callers_umask(setup: Setup) -> None:
-    warm(setup)
+def test_outputs_written_by_the_server_get_the_callers_umask(setup: Project) -> None:
+    setup.warm()
     for umask in (0o022, 0o077):
         (setup.project / "k.cubin").unlink()
         proc = subprocess.run(
-            ["/bin/sh", "-c", f'umask {umask:o}; exec "$@"', "sh", str(setup.front), "nvcc", *ARGS],
+            [
+                "/bin/sh",
+                "-c",
+                f'umask {umask:o}; exec "$@"',
+                "sh",
+                str(setup.front),
+                "nvcc",
+                *CUBIN,
+            ],
             cwd=setup.project,
             env=setup.env,
             capture_output=True,
