@@ -102,7 +102,9 @@ class RedisStore(Store):
         super().__init__(read_only=read_only or options.get("readonly", False))
         self.namespace = namespace or options.get("namespace", "default")
         ttl = options.get("ttl") if ttl is None else ttl
-        timeout = options.get("timeout", 0.5) if timeout is None else timeout
+        timeout = (
+            options.get("timeout", redis_config.DEFAULT_TIMEOUT) if timeout is None else timeout
+        )
         if max_entry_size is None:
             max_entry_size = options.get("max_entry_size", redis_config.DEFAULT_MAX_ENTRY_SIZE)
         redis_config.check_options(
