@@ -77,6 +77,7 @@ class RedisStore(Store):
     """
 
     kind = "redis"
+    shared = True
     counters_class = RedisCounters
     counters: RedisCounters
 
