@@ -101,7 +101,7 @@ def test_the_remote_tier_is_listed_and_looking_changes_nothing(
         assert [(r["key"], r["tier"]) for r in rows] == [("only-remote", "redis")]
         assert kc_json("show", "only-remote", env=env)["tier"] == "redis"
         assert not (tmp_path / "c").exists()  # looking never creates the local tier
-        assert kc("clear", "--yes", env=env).returncode == 0
+        assert kc("clear", "--yes", "--remote", env=env).returncode == 0
         assert remote.get("only-remote") is None
 
 
