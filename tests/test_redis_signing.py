@@ -13,7 +13,7 @@ from kernelcache import Cache, Entry, Settings
 from kernelcache.errors import ConfigError, CorruptEntry
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
-from redis_server import RedisServer, unique_namespace
+from redis_server import LOADED, RedisServer, unique_namespace
 
 SECRET = "correct horse battery staple"
 CHUNK = fmt.MIN_CHUNK_SIZE
@@ -24,6 +24,7 @@ def make(redis_server: RedisServer) -> Callable[..., RedisStore]:
     namespace = unique_namespace()
 
     def make(**options: object) -> RedisStore:
+        options.setdefault("timeout", LOADED)
         return RedisStore(redis_server.url, namespace=namespace, **options)  # type: ignore[arg-type]
 
     return make
