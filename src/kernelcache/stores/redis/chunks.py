@@ -31,13 +31,22 @@ REPLY_FRAMING = 64
 # count, 6 grace ms, 7 SHA-1 the current value's last 256 bytes must have ('' for
 # any: see listing.fingerprint), 8 the most old chunks to expire (a forged manifest must not make Redis loop long).
 # The chunk names share the record's hash tag: one slot, so this works in a
-# cluster. Returns -1 if a new chunk is missing (its staging expiry passed),
-# else 0/1 whether a record existed before.
+# cluster. ARGV 9: '1' keeps a signed record (format.py's SIGNED flag in its
+# trailer) in place: the write is refused, -2, and the writer decides whether it
+# may replace it (it verified it: see store.py). Returns -1 if a new chunk is
+# missing (its staging expiry passed), else 0/1 whether a record existed before.
 PUBLISH_LUA = """
 local base, wid, n = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if ARGV[7] ~= '' then
   local cur = redis.pcall('GETRANGE', KEYS[1], -256, -1)
   if type(cur) ~= 'string' or redis.sha1hex(cur) ~= ARGV[7] then return 0 end
+end
+if ARGV[9] == '1' then
+  local t = redis.pcall('GETRANGE', KEYS[1], -13, -1)
+  if type(t) == 'string' and #t == 13 and string.sub(t, 11) == 'KCR'
+      and string.byte(t, 10) == 2 and math.floor(string.byte(t, 9) / 4) % 2 == 1 then
+    return -2
+  end
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', base .. wid .. ':' .. i) == 0 then return -1 end
