@@ -15,7 +15,7 @@ from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
 from redis_cluster import LocalCluster
-from redis_server import unique_namespace
+from redis_server import LOADED, unique_namespace
 
 CHUNK = fmt.MIN_CHUNK_SIZE
 
@@ -112,8 +112,9 @@ def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
     cache = Cache([MemoryStore(), store])
     keys = [f"k{i}" for i in range(24)]
     entries = {key: Entry({"kernel.cubin": os.urandom(2000)}) for key in keys}
-    for key in keys:
-        store.put(key, entries[key])
+    with RedisStore(own_cluster.url, namespace=ns, timeout=LOADED) as setup:  # not timed
+        for key in keys:
+            setup.put(key, entries[key])
     owner = {key: _owner(own_cluster, f"kc:{ns}:e:{{{key}}}") for key in keys}
     dead = [key for key in keys if owner[key] == 1]
     alive = [key for key in keys if owner[key] != 1]
