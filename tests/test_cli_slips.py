@@ -229,3 +229,18 @@ def test_config_lists_every_setting_with_human_sizes(tmp_path: Path) -> None:
     assert "10.0 GiB" in human  # KERNELCACHE_MAX_SIZE's default
     assert "2.0 GiB" in human
     assert "256.0 MiB" in human
+
+
+def test_the_launcher_names_an_unusable_directory_once_and_compiles(tmp_path: Path) -> None:
+    from launcher_env import Project
+
+    project = Project(tmp_path)
+    (tmp_path / "file").write_text("")
+    out = project.run(KERNELCACHE_DIR=str(tmp_path / "file" / "kc"))
+    assert out.returncode == 0, out.stderr
+    assert (project.project / "k.cubin").is_file()
+    said = [line for line in out.stderr.decode().splitlines() if line.startswith("kernelcache")]
+    assert said == [
+        f"kernelcache: cannot set up the cache directory {tmp_path / 'file' / 'kc'} "
+        "(Not a directory): nothing is cached there"
+    ]

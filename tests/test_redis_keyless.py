@@ -33,6 +33,7 @@ def _store(url: str, ns: str, secret: str | None) -> RedisStore:
 )  # fmt: skip
 def test_a_signed_entry_is_never_replaced_by_who_cannot_verify_it(
     redis_server: RedisServer,
+    raw: redis.Redis,
     ns: str,
     caplog: pytest.LogCaptureFixture,
     secret: str | None,
@@ -56,6 +57,8 @@ def test_a_signed_entry_is_never_replaced_by_who_cannot_verify_it(
                 with pytest.raises(StoreError, match="kept the signed entry"):
                     b.put("k", Entry({"k.cubin": b"b" * size}))
     assert b.counters.not_replaced == 9
+    staged = list(raw.scan_iter(f"kc:{ns}:c:*"))
+    assert staged == []  # the refused chunked puts' chunks were removed, not left to expire
     said = [r.getMessage() for r in caplog.records if "signed entries" in r.getMessage()]
     assert len(said) == 1
     assert cause in said[0]

@@ -11,10 +11,11 @@ transfer allowance (see ``guard.py``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache.errors import CorruptEntry
+from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.redis.format import MAX_CHUNK_SIZE, Manifest
 from kernelcache.stores.redis.guard import Guard
 
@@ -125,10 +126,28 @@ def write(guard: Guard, base: str, payload: bytes, chunk_size: int, staging_ms: 
     return len(chunks)
 
 
+def drop(guard: Guard, base: str, count: int) -> None:
+    """Remove staged chunks ``base + i`` that will not be published (best effort: they
+    expire anyway)."""
+    names = [f"{base}{i}" for i in range(count)]
+    for first in range(0, len(names), 512):
+        batch = names[first : first + 512]
+        with contextlib.suppress(StoreError):  # counted by the guard
+            guard.pipeline(_queue_unlinks(batch), key=batch[0])
+
+
 def _queue(names: list[str], command: Callable[[str], tuple[Any, ...]]) -> Callable[[Any], None]:
     def build(pipe: Any) -> None:
         for name in names:
             pipe.execute_command(*command(name))
+
+    return build
+
+
+def _queue_unlinks(names: list[str]) -> Callable[[Any], None]:
+    def build(pipe: Any) -> None:
+        for name in names:
+            pipe.unlink(name)
 
     return build
 

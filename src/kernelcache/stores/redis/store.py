@@ -42,6 +42,10 @@ _READ_ATTEMPTS = 3
 _RECORD_REPLY = fmt.MAX_RECORD + chunks.REPLY_FRAMING
 
 
+class KeptSigned(StoreError):
+    """A put refused: a signed entry this client cannot verify is there (see keyless.py)."""
+
+
 class _Replaced(Exception):
     """The manifest changed while its chunks were being read: read the new one."""
 
@@ -285,7 +289,12 @@ class RedisStore(Store):
         digest = fmt.digest(payload, self._signer is not None)
         manifest = fmt.Manifest(write_id, count, self.chunk_size, len(payload), digest)
         record = fmt.seal(name.encode(), flags | fmt.CHUNKED, size, manifest.encode(), self._signer)
-        if self._publish_over(name, key, record, write_id, count) < 0:
+        try:
+            published = self._publish_over(name, key, record, write_id, count)
+        except KeptSigned:
+            chunks.drop(self.guard, base, count)  # else they would wait out their staging expiry
+            raise
+        if published < 0:
             self._count("errors")
             raise StoreError(f"{self!r}: chunks of {key} expired before they could be published")
         return len(record) + len(payload)
@@ -315,7 +324,7 @@ class RedisStore(Store):
         self._count("not_replaced")
         cause = "has no secret" if self._signer is None else "has a secret that does not verify it"
         keyless.say_once(self, cause)
-        raise StoreError(f"{self!r}: kept the signed entry {key}: this client {cause}")
+        raise KeptSigned(f"{self!r}: kept the signed entry {key}: this client {cause}")
 
     def _verifies(self, name: str, raw: bytes | bytearray) -> bool:
         """Whether this client may replace ``raw``: it verifies, or is damaged (not forged)."""
