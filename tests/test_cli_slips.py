@@ -10,32 +10,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from cli_run import SRC, kc, kc_json
 from kernelcache import Cache, Entry, Settings
 from kernelcache.nvcc import server
 from kernelcache.stores.redis import RedisStore
 from launcher_env import clean_env, start_server, wait_for
 from redis_server import RedisServer
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def kc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    full.update(PYTHONPATH=SRC, **env)
-    return subprocess.run(
-        [sys.executable, "-m", "kernelcache", *args],
-        env=full, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def kc_json(*args: str, env: dict[str, str]) -> Any:
-    out = kc(*args, "--json", env=env)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 def fill(env: dict[str, str], keys: list[str]) -> None:

@@ -8,14 +8,12 @@ exited 1 without an object file and ``kernelcache stats`` printed a traceback.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from cli_run import kc
 from kernelcache import Cache, Entry, MemoryStore, Settings
 from kernelcache.errors import ConfigError, StoreError
 from kernelcache.stores.base import EntryInfo, Store
@@ -23,7 +21,6 @@ from kernelcache.stores.redis import RedisStore
 from launcher_env import Project
 from redis_server import RedisServer
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 TYPO = "redis://127.0.0.1:1/0?namspace=team"
 
 
@@ -130,20 +127,11 @@ def test_a_redis_client_that_refuses_its_keywords_is_a_counted_miss(
     assert store.counters.errors >= 3
 
 
-def _kc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    full.update(PYTHONPATH=SRC, **env)
-    return subprocess.run(
-        [sys.executable, "-m", "kernelcache", *args],
-        env=full, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize(
     "command", [["stats"], ["ls"], ["config"], ["prune", "--max-entries", "5"]]
 )
 def test_the_cli_says_one_line_and_exits_2(tmp_path: Path, command: list[str]) -> None:
-    out = _kc(*command, env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_REMOTE": TYPO})
+    out = kc(*command, env={"KERNELCACHE_DIR": str(tmp_path), "KERNELCACHE_REMOTE": TYPO})
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
     assert out.stderr.count("\n") == 1
