@@ -133,7 +133,8 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
             for tier in chosen:
                 removed += tier.clear()
                 tier.sweep()
-            _forget_keys(cache, None)
+            kept = [t for t in maintenance.persistent(cache.tiers) if t not in chosen]
+            _forget_keys(cache, {i.key for _t, i in maintenance.entries(kept)} if kept else None)
     if args.json:
         print_json({"removed": removed, "tiers": chosen_names})
     else:

@@ -272,8 +272,11 @@ def running(directory: str) -> tuple[int, float | None] | None:
         fields = os.pread(fd, 64, 0).split()
     finally:
         os.close(fd)
-    idle = float(fields[1]) if len(fields) > 1 else None  # written since issue 20
-    return int(fields[0]), idle
+    try:
+        idle = float(fields[1]) if len(fields) > 1 else None  # written since issue 20
+        return int(fields[0]), idle
+    except (IndexError, ValueError):
+        return 0, None  # held, its pid not written yet (the server is starting)
 
 
 def stop(directory: str, timeout: float = 10.0) -> bool:
