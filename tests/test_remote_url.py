@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import kc
-from kernelcache import Cache, Entry, MemoryStore, Settings
+from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
 from kernelcache.errors import ConfigError, StoreError
 from kernelcache.stores.base import EntryInfo, Store
 from kernelcache.stores.redis import RedisStore
@@ -89,7 +89,9 @@ class _Broken(Store):
         return None
 
 
-def test_nothing_a_tier_raises_escapes_get_put_or_delete(caplog: pytest.LogCaptureFixture) -> None:
+def test_nothing_a_tier_raises_escapes_get_put_or_delete(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     broken = _Broken()
     cache = Cache([MemoryStore(), broken], persist_stats=False)
     with caplog.at_level(logging.WARNING, logger="kernelcache"):
@@ -100,6 +102,9 @@ def test_nothing_a_tier_raises_escapes_get_put_or_delete(caplog: pytest.LogCaptu
         cache.delete("k")
         assert cache.get_or_compile("k2", lambda: b"y")["data"] == b"y"
     assert broken.counters.errors >= 4
+    # Behind a disk tier, the single-flight path looks again after its lock: same rule.
+    with Cache([MemoryStore(), DiskStore(tmp_path), broken], persist_stats=False) as locked:
+        assert locked.get_or_compile("k3", lambda: b"z")["data"] == b"z"
     said = [r.getMessage() for r in caplog.records if "TypeError" in r.getMessage()]
     assert len(said) == 1  # once per kind of failure, not per call
     assert "_Broken" in said[0] or "broken" in said[0].lower()
