@@ -227,3 +227,18 @@ def test_the_launcher_names_an_unusable_directory_once_and_compiles(tmp_path: Pa
         f"kernelcache: cannot set up the cache directory {tmp_path / 'file' / 'kc'} "
         "(Not a directory): nothing is cached there"
     ]
+
+
+def test_the_launcher_refuses_a_relative_directory_in_one_line_and_compiles(
+    tmp_path: Path,
+) -> None:
+    from launcher_env import Project
+
+    project = Project(tmp_path)
+    out = project.run(KERNELCACHE_DIR="rel/kc")
+    assert out.returncode == 0, out.stderr
+    assert (project.project / "k.cubin").is_file()
+    said = [line for line in out.stderr.decode().splitlines() if line.startswith("kernelcache")]
+    assert len(said) == 1
+    assert "KERNELCACHE_DIR must be an absolute path" in said[0]
+    assert not (project.project / "rel").exists()  # no cache made in the working directory
