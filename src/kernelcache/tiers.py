@@ -33,7 +33,7 @@ def unexpected(tier: Store, exc: Exception) -> None:
     client, a third-party tier): counted as the tier's error and said once per kind,
     never raised from ``Cache.get``/``put`` (issue 20: a ``TypeError`` from redis-py
     broke every build)."""
-    with contextlib.suppress(TypeError):  # a third-party tier without our counters
+    with contextlib.suppress(TypeError, AttributeError):  # a tier without our counters
         tier.counters.add("errors")
     kind = (type(tier), type(exc))
     if kind not in _WARNED:
