@@ -60,6 +60,8 @@ INTEGRATIONS = (
     "kernelcache.tilelang.*",
     "kernelcache.ninetoothed",
     "kernelcache.ninetoothed.*",
+    "kernelcache.inductor",
+    "kernelcache.integration",
     "kernelcache.autotune",
     "kernelcache.memoize",
     "kernelcache.cli",
