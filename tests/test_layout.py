@@ -61,6 +61,8 @@ INTEGRATIONS = (
     "kernelcache.ninetoothed",
     "kernelcache.ninetoothed.*",
     "kernelcache.inductor",
+    "kernelcache.inductor.*",
+    "kernelcache._inductor_autoload",
     "kernelcache.integration",
     "kernelcache.autotune",
     "kernelcache.memoize",
