@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("import", "add every entry of a bundle file (all or nothing)")
     p.add_argument("file")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--inductor",
+        action="store_true",
+        help="FILE is a torch.compiler.save_cache_artifacts() blob: store its FX graph and "
+        "AOTAutograd entries for kernelcache.inductor",
+    )
     p = command("config", "every setting (core, Triton, launcher), its value and its source")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command("server", "the nvcc launcher's server of this cache directory")
