@@ -24,22 +24,16 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+from typing import NamedTuple
 
 __all__ = [
     "TIME_MACROS",
     "Directives",
     "scan",
-    "sloppiness",
     "time_macro",
-    "time_macros_allowed",
 ]
 
 TIME_MACROS = (b"__TIME__", b"__DATE__", b"__TIMESTAMP__")
-_SLOPPINESS = frozenset({"time_macros"})
 
 _BLANK = rb"[ \t\f\v]"
 _SPLICE = re.compile(rb"\\" + _BLANK + rb"*\r?\n")
@@ -212,21 +206,3 @@ def time_macro(data: bytes) -> str | None:
         if macro in text:
             return macro.decode()
     return None
-
-
-def sloppiness(env: Mapping[str, str] | None = None) -> frozenset[str]:
-    """``KERNELCACHE_SLOPPINESS``: what the user allows the cache to ignore (ccache's names).
-
-    One reading for every integration; an unknown word raises ``ValueError``.
-    """
-    text = (os.environ if env is None else env).get("KERNELCACHE_SLOPPINESS", "")
-    words = frozenset(text.replace(",", " ").split())
-    unknown = sorted(words - _SLOPPINESS)
-    if unknown:
-        raise ValueError(f"KERNELCACHE_SLOPPINESS: unknown value(s) {', '.join(unknown)}")
-    return words
-
-
-def time_macros_allowed(env: Mapping[str, str] | None = None) -> bool:
-    """Whether ``KERNELCACHE_SLOPPINESS=time_macros`` lets a source that names a time macro be cached."""
-    return "time_macros" in sloppiness(env)

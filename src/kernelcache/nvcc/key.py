@@ -56,12 +56,10 @@ def flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def sloppiness(env: Mapping[str, str]) -> frozenset[str]:
-    """``KERNELCACHE_SLOPPINESS``: what the user allows the cache to ignore (ccache's names)."""
-    words = env.get("KERNELCACHE_SLOPPINESS", "").replace(",", " ").split()
-    unknown = sorted(set(words) - {"time_macros"})
-    if unknown:
-        raise ValueError(f"KERNELCACHE_SLOPPINESS: unknown value(s) {', '.join(unknown)}")
-    return frozenset(words)
+    """``KERNELCACHE_SLOPPINESS`` (one reading for every integration: :mod:`kernelcache.sloppiness`)."""
+    from kernelcache.sloppiness import sloppiness as read
+
+    return read(env)
 
 
 def which(name: str, env: Mapping[str, str]) -> str | None:
