@@ -94,7 +94,7 @@ def absent(
             else:
                 chain = ([here] if quoted else []) + dirs
             for d in chain:
-                candidate = os.path.normpath(os.path.join(d, name))
+                candidate = _physical(os.path.join(d, name))
                 try:
                     st = os.stat(candidate)
                 except OSError:
@@ -104,6 +104,14 @@ def absent(
                     return None  # appeared during the compile: which one did it see?
                 break  # found here: later directories were not searched
     return list(out)
+
+
+def _physical(path: str) -> str:
+    """``path`` as ``open`` finds it: a ``..`` after a symlink goes up from its target."""
+    if ".." not in path.split(os.sep):
+        return os.path.normpath(path)
+    head, name = os.path.split(path)
+    return os.path.join(os.path.realpath(head or os.curdir), name)
 
 
 def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:

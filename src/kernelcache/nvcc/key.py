@@ -4,7 +4,8 @@
   nvcc's identity (``--version`` and content hashes, memoised by stat), the
   host compiler's identity (``-ccbin``, ``NVCC_CCBIN`` or ``gcc`` on ``PATH``:
   nvcc preprocesses with it), the normalised arguments (outputs removed), the
-  environment variables nvcc and gcc read (:data:`ENV_VARS`), the working
+  environment variables nvcc and gcc read (:data:`ENV_VARS`) and those its
+  ``nvcc.profile`` reads (:func:`profile_variables`), the working
   directory when debug info names it, and the sloppiness the user allowed.
 - The *direct key* adds the source's content. A manifest under it maps
   dependency states to results (:mod:`kernelcache.nvcc.deps`).
@@ -176,6 +177,7 @@ def command_key(
     builder.add("host", host_id)
     builder.add("args", inv.keyed)
     builder.add("env", {name: env.get(name) for name in ENV_VARS})
+    builder.add("profile_env", {name: env.get(name) for name in profile_variables(nvcc)})
     builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)
     builder.add("sloppiness", sorted(sloppiness(env)))
     return builder.hexdigest()
@@ -202,3 +204,66 @@ def result_key(direct: str, rows: list[list[Any]]) -> str:
     contents = [[str(stored), str(digest)] for stored, digest, _sig in rows]
     builder = KeyBuilder("kernelcache.nvcc.result").add("direct", direct)
     return builder.add("deps", contents).hexdigest()
+
+
+PROFILE_NOT_KEYED = frozenset({"PATH"})
+_profiles: dict[str, tuple[list[str], list[tuple[int, ...] | None], tuple[str, ...]]] = {}
+
+
+def profile_variables(nvcc: str) -> tuple[str, ...]:
+    """The environment variables the ``nvcc.profile`` of ``nvcc`` reads, sorted.
+
+    nvcc reads the profile next to its real executable (``/usr/local/bin/nvcc``
+    is often a symlink or a wrapper script) and expands it against the
+    environment: ``INCLUDES += ...`` starts from the caller's ``INCLUDES``,
+    ``PTXAS_FLAGS`` reaches ptxas, a ``$(NAME)`` is read from the environment
+    unless the profile sets it (issue 19). So every name the profile assigns
+    or expands is keyed, whatever the profile says: no fixed list. Left out:
+    ``PATH`` (the profile puts the toolkit's directories first, and the one
+    program nvcc finds through the caller's ``PATH``, the host compiler, is
+    keyed by identity; keying ``PATH`` would split a team's entries by shell
+    set-up). Memoised per nvcc by the stat signatures of its identity files,
+    as :class:`Identities` is.
+    """
+    known = _profiles.get(nvcc)
+    if known is not None and [_stat_signature(f) for f in known[0]] == known[1]:
+        return known[2]
+    files = _identity_files("nvcc", nvcc)
+    sigs = [_stat_signature(f) for f in files]
+    names: set[str] = set()
+    for path in files[1:]:
+        if os.path.basename(path) != "nvcc.profile":
+            continue
+        try:
+            with open(path, "rb") as f:
+                names |= profile_names(f.read().decode("utf-8", "surrogateescape"))
+        except OSError:
+            continue  # no profile there: nvcc reads none either
+    found = tuple(sorted(names - PROFILE_NOT_KEYED))
+    if _trustworthy(sigs):
+        _profiles[nvcc] = (files, sigs, found)
+    return found
+
+
+def profile_names(text: str) -> set[str]:
+    """Every name ``text`` assigns (``=``, ``+=``, ``=+``) or expands (``$(NAME)``, ``${NAME}``)."""
+    names: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        left, eq, _ = line.partition("=")
+        name = left.rstrip().rstrip("+").rstrip()
+        if eq and name.isidentifier():
+            names.add(name)
+        for opener, closer in (("$(", ")"), ("${", "}")):
+            at = line.find(opener)
+            while at >= 0:
+                end = line.find(closer, at + 2)
+                if end < 0:
+                    break
+                inner = line[at + 2 : end].strip()
+                if inner.isidentifier():
+                    names.add(inner)
+                at = line.find(opener, end)
+    return names
