@@ -93,8 +93,8 @@ def scan(data: bytes) -> Directives:
             found.append(_entry(exact.group(1), exact.group(2), exact.group(3)))
             continue
         unsure = _careful(line, found)
-        # A line wholly inside a block comment (prose that starts with "#include") is no directive.
-        if unsure is not None and not (b"*/" not in line and comments.covers(start)):
+        # A "#" inside a block comment (prose such as "#include's protect themselves") is no directive.
+        if unsure is not None and not comments.covers(start + _hash_at(line)):
             return Directives((), unsure)
     if b"__has_include" in text:
         unsure = _has_include(text, found, comments)
@@ -136,6 +136,12 @@ def _lines(text: bytes, words: tuple[bytes, ...]) -> list[tuple[int, bytes]]:
             spans[start] = end
             at = text.find(word, end)
     return [(start, text[start : spans[start]]) for start in sorted(spans)]
+
+
+def _hash_at(line: bytes) -> int:
+    """Where the line's first ``#`` or ``%:`` is (0 if it has none)."""
+    found = [i for i in (line.find(b"#"), line.find(b"%:")) if i >= 0]
+    return min(found, default=0)
 
 
 def _open_comment(text: bytes, comments: _Comments) -> str | None:
