@@ -133,10 +133,7 @@ def _identity_files(kind: str, path: str) -> list[str]:
         targets = []
     files = [path, *targets]
     if kind == "nvcc":
-        binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
-        files += [
-            os.path.join(os.path.dirname(os.path.realpath(b)), "nvcc.profile") for b in binaries
-        ]
+        files += toolchain.nvcc_profiles(path, targets)
     return files
 
 
