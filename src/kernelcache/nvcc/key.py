@@ -102,9 +102,7 @@ class Identities:
         self._known: dict[str, tuple[list[str], list[tuple[int, ...] | None], str]] = {}
 
     def nvcc(self, path: str) -> str:
-        from kernelcache import toolchain
-
-        return self._get("nvcc", path, toolchain.nvcc)
+        return self._get("nvcc", path, nvcc_identity)
 
     def executable(self, path: str) -> str:
         from kernelcache import toolchain
@@ -165,16 +163,17 @@ def command_key(
     from kernelcache.keys import KeyBuilder
 
     host = host_compiler(inv, env)
-    nvcc_id = known.nvcc(nvcc) if known else toolchain.nvcc(nvcc)
+    nvcc_id = known.nvcc(nvcc) if known else nvcc_identity(nvcc)
     host_id = "probe_failed:FileNotFoundError"
     if host:
         host_id = known.executable(host) if known else toolchain.executable(host)
     builder = KeyBuilder("kernelcache.nvcc.command")
-    builder.add("nvcc", nvcc_id)
+    builder.add("nvcc", nvcc_id)  # with the names its nvcc.profile reads (issue 19)
     builder.add("host", host_id)
     builder.add("args", inv.keyed)
     builder.add("env", {name: env.get(name) for name in ENV_VARS})
-    builder.add("profile_env", {name: env.get(name) for name in profile_variables(nvcc)})
+    reads = nvcc_id.rpartition(_PROFILE_READS)[2].split(",") if _PROFILE_READS in nvcc_id else []
+    builder.add("profile_env", {name: env.get(name) for name in reads if name})
     builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)
     builder.add("sloppiness", sorted(sloppiness(env)))
     return builder.hexdigest()
@@ -204,14 +203,29 @@ def result_key(direct: str, rows: list[list[Any]]) -> str:
 
 
 PROFILE_NOT_KEYED = frozenset({"PATH"})
-_profiles: dict[str, tuple[list[str], list[tuple[int, ...] | None], tuple[str, ...]]] = {}
+_PROFILE_READS = "\nprofile-reads:"
+
+
+def nvcc_identity(nvcc: str) -> str:
+    """nvcc's identity (:func:`kernelcache.toolchain.nvcc`) and the variables its profile reads.
+
+    One string, so that the server's :class:`Identities` re-checks both with
+    the same ``stat`` calls and a hit does no more work than before.
+    """
+    from kernelcache import toolchain
+
+    identity = toolchain.nvcc(nvcc)
+    if identity.startswith("probe_failed:"):
+        return identity
+    return identity + _PROFILE_READS + ",".join(profile_variables(nvcc))
 
 
 def profile_variables(nvcc: str) -> tuple[str, ...]:
     """The environment variables the ``nvcc.profile`` of ``nvcc`` reads, sorted.
 
-    nvcc reads the profile next to its real executable (``/usr/local/bin/nvcc``
-    is often a symlink or a wrapper script) and expands it against the
+    nvcc reads the profile in the directory of the path it was run by (not
+    through symlinks; a wrapper script's ``exec``'d nvcc reads its own:
+    :func:`kernelcache.toolchain.nvcc_profiles`) and expands it against the
     environment: ``INCLUDES += ...`` starts from the caller's ``INCLUDES``,
     ``PTXAS_FLAGS`` reaches ptxas, a ``$(NAME)`` is read from the environment
     unless the profile sets it (issue 19). So every name the profile assigns
@@ -219,27 +233,28 @@ def profile_variables(nvcc: str) -> tuple[str, ...]:
     ``PATH`` (the profile puts the toolkit's directories first, and the one
     program nvcc finds through the caller's ``PATH``, the host compiler, is
     keyed by identity; keying ``PATH`` would split a team's entries by shell
-    set-up). Memoised per nvcc by the stat signatures of its identity files,
-    as :class:`Identities` is.
+    set-up). Read on a miss of :class:`Identities` (by stat, in the server),
+    else once per call of a fresh process.
     """
-    known = _profiles.get(nvcc)
-    if known is not None and [_stat_signature(f) for f in known[0]] == known[1]:
-        return known[2]
-    files = _identity_files("nvcc", nvcc)
-    sigs = [_stat_signature(f) for f in files]
+    from kernelcache import toolchain
+
     names: set[str] = set()
-    for path in files[1:]:
-        if os.path.basename(path) != "nvcc.profile":
-            continue
+    for path in toolchain.nvcc_profiles(nvcc, _targets(nvcc)):
         try:
             with open(path, "rb") as f:
                 names |= profile_names(f.read().decode("utf-8", "surrogateescape"))
         except OSError:
             continue  # no profile there: nvcc reads none either
-    found = tuple(sorted(names - PROFILE_NOT_KEYED))
-    if _trustworthy(sigs):
-        _profiles[nvcc] = (files, sigs, found)
-    return found
+    return tuple(sorted(names - PROFILE_NOT_KEYED))
+
+
+def _targets(path: str) -> list[str]:
+    from kernelcache import toolchain
+
+    try:
+        return toolchain.script_targets(os.path.realpath(path))
+    except OSError:
+        return []
 
 
 def profile_names(text: str) -> set[str]:
