@@ -313,7 +313,7 @@ def test_the_server_keys_what_nvcc_profile_reads(setup: Project, variable: str) 
     """Issue 19: the server's memoised nvcc identity carries the profile's variables."""
     setup.warm()
     value = "-O0" if variable == "PTXAS_FLAGS" else "-DEXTRA=1"
-    changed = setup.run(**{variable: value})
+    changed = setup.run(CUBIN, **{variable: value})
     assert changed.returncode == 0, changed.stderr
     assert stats(setup.cache)["misses"] == 2
     fresh = subprocess.run(
@@ -325,5 +325,5 @@ def test_the_server_keys_what_nvcc_profile_reads(setup: Project, variable: str) 
     assert fresh.returncode == 0
     cached = (setup.project / "k.cubin").read_bytes()
     assert cached == (setup.project / "fresh.cubin").read_bytes()
-    assert setup.run(**{variable: value}).returncode == 0
+    assert setup.run(CUBIN, **{variable: value}).returncode == 0
     assert stats(setup.cache)["server_hits"] == 1
