@@ -189,6 +189,9 @@ def test_time_macros_are_not_cached_unless_allowed(
     monkeypatch.setenv("KERNELCACHE_SLOPPINESS", "time_macros")
     assert not nvrtc.compile(source + KERNEL, cache=cache, **args).hit  # type: ignore[arg-type]
     assert nvrtc.compile(source + KERNEL, cache=cache, **args).hit  # type: ignore[arg-type]
+    monkeypatch.delenv("KERNELCACHE_SLOPPINESS")  # withdrawn: the remembered key is not used
+    assert not nvrtc.compile(source + KERNEL, cache=cache, **args).hit  # type: ignore[arg-type]
+    assert cache.compile_stats()["uncacheable"] == 3
 
 
 def test_header_digest_refuses_time_macros_unless_allowed(

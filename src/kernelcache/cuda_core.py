@@ -133,8 +133,7 @@ def header_digest(code: str | bytes, options: ProgramOptions) -> bytes:
     paths = bool(options.debug or options.lineinfo)
     args: tuple[Any, ...] | None = None
     if {type(code), type(name), *map(type, dirs), *map(type, pre)} <= {str, bytes}:
-        slop = os.environ.get("KERNELCACHE_SLOPPINESS")
-        args = (os.getcwd(), code, name, tuple(dirs), tuple(pre), own_dir, paths, slop)
+        args = (os.getcwd(), code, name, tuple(dirs), tuple(pre), own_dir, paths)
         known = digests.lookup(args)
         if known is not None:
             return bytes.fromhex(known)

@@ -145,6 +145,8 @@ class KeyMemo:
         known = self._known.get(args)
         if known is None or not includes.still_valid(known[1].checks, known[1].absent):
             return None
+        if known[1].time_macro is not None and refusal(known[1]) is not None:
+            return None  # remembered under time_macros sloppiness, since withdrawn
         return known[0]
 
     def remember(self, args: tuple[Any, ...], key: str, scan: includes.Scan) -> None:
@@ -197,9 +199,7 @@ def arguments(
         parts.update(map(type, pair))
     if not parts <= {str, bytes}:
         return None
-    # The sloppiness decides whether a time macro may be keyed at all.
-    slop = os.environ.get("KERNELCACHE_SLOPPINESS")
-    return (os.getcwd(), source, name, arch, target, opts, hdrs, dirs, exprs, slop)
+    return (os.getcwd(), source, name, arch, target, opts, hdrs, dirs, exprs)
 
 
 def cached_key(args: tuple[Any, ...] | None, make: Callable[[], Request]) -> tuple[str, str | None]:
