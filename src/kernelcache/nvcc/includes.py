@@ -29,7 +29,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from kernelcache import _fs, directives
+from kernelcache import _fs
 from kernelcache.nvcc.args import normalize_path
 from kernelcache.nvcc.deps import resolve, signature
 
@@ -39,15 +39,14 @@ if TYPE_CHECKING:
 
     from kernelcache.nvcc.args import Invocation
 
-TIME_MACROS = directives.TIME_MACROS
-
-
 class Unsure(Exception):
     """A dependency names headers in a way the scanner cannot follow exactly (the reason)."""
 
 
 def time_macro(contents: Mapping[str, bytes]) -> str | None:
     """``"__TIME__ in k.cu"`` for the first file that mentions a time macro, else ``None``."""
+    from kernelcache import directives  # a miss only: a hit compiles none of its patterns
+
     for path, data in contents.items():
         macro = directives.time_macro(data)
         if macro is not None:
@@ -65,6 +64,8 @@ def search_path(inv: Invocation, env: Mapping[str, str]) -> tuple[list[str], lis
 
 def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
     """``(quoted, next, name)`` of every include-like directive in a file; :class:`Unsure` if unclear."""
+    from kernelcache import directives
+
     found = directives.scan(data)
     if found.unsure is not None:
         raise Unsure(f"{path}: {found.unsure}")
