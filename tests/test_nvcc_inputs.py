@@ -314,3 +314,25 @@ def test_time_macros_are_not_cached_unless_allowed(
     allowed = {"KERNELCACHE_SLOPPINESS": "time_macros"}
     assert cached(CUBIN, capfd, allowed)[0] == "misses"
     assert cached(CUBIN, capfd, allowed)[0] == "hits"
+
+
+def test_host_search_options_join_the_watched_search_path(project: Path) -> None:
+    from kernelcache.nvcc.args import parse
+
+    (project / "opts").write_text("-isystem sys -iquote q\n")
+    inv = parse(["-c", "k.cu", "-Xcompiler", "-I,a,-Ib,@opts", "--compiler-options=-idirafter,z"])
+    assert inv.reason is None
+    assert inv.includes == [
+        ("include", "a"),
+        ("include", "b"),
+        ("isystem", "sys"),
+        ("include", "q"),
+        ("isystem", "z"),
+    ]
+
+
+def test_response_files_nested_too_deeply_are_refused(project: Path) -> None:
+    from kernelcache.nvcc.args import parse
+
+    (project / "loop").write_text("@loop\n")
+    assert "nested too deeply" in (parse(["-c", "k.cu", "-Xcompiler", "@loop"]).reason or "")
