@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from kernelcache.nvcc.args import Invocation
 
+
 class Unsure(Exception):
     """A dependency names headers in a way the scanner cannot follow exactly (the reason)."""
 
