@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kernelcache import keys
 from kernelcache.keys import KeyBuilder, encode, make_key
 
 
@@ -35,6 +36,13 @@ MUST_DIFFER = [
     pytest.param(b"", "", id="empty-bytes-vs-str"),
     pytest.param("é", "e\u0301", id="unicode-not-normalised"),
     pytest.param(2**64, 2**64 + 1, id="big-int"),
+    pytest.param(-1, 255, id="negative-vs-its-bytes"),
+    pytest.param(-128, 128, id="sign-bit"),
+    pytest.param(0, -0 - 1, id="zero-vs-minus-one"),
+    pytest.param(10**5000, 10**5000 + 1, id="int-over-4300-digits"),
+    pytest.param(-(10**5000), 10**5000, id="huge-negative"),
+    pytest.param(256, b"\x01\x00", id="int-vs-its-bytes"),
+    pytest.param(49, "1", id="int-vs-str-of-its-byte"),
 ]
 
 
@@ -86,7 +94,7 @@ def test_known_value_pins_the_schema() -> None:
     # A change of encoding must bump SCHEMA_VERSION; this pins today's output.
     assert (
         make_key("pin", b=2, a="x")
-        == "41d86015e49616b241886f1fa7105cbcb993159e5cc7abbe5e50d91f7e702bb2"
+        == "453f1d8860783d72e8353f6c28656a60eec644558627030e394cdfca31c748af"
     )
     assert make_key("pin", b=2, a="x") == make_key("pin", a="x", b=2)
 
@@ -110,6 +118,45 @@ def test_unkeyable_types_raise_type_error_naming_the_type(value: Any) -> None:
         KeyBuilder("test").add("v", value)
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(_nested(5000), id="list-5000-deep"),
+        pytest.param(_nested(200), id="list-200-deep"),
+        pytest.param({"a": _nested(5000)}, id="dict-holding-deep-list"),
+    ],
+)
+def test_too_deep_nesting_raises_type_error(value: Any) -> None:
+    """Issue 19: RecursionError before; the documented TypeError now."""
+    with pytest.raises(TypeError, match="nested more than"):
+        KeyBuilder("test").add("v", value)
+
+
+def test_a_list_holding_itself_raises_type_error() -> None:
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(TypeError, match="contains itself"):
+        KeyBuilder("test").add("v", looped)
+
+
+def test_nesting_up_to_the_limit_is_keyed() -> None:
+    assert key(("v", _nested(keys.MAX_DEPTH - 1))) != key(("v", _nested(keys.MAX_DEPTH - 2)))
+
+
+def test_ints_of_any_size_are_keyed() -> None:
+    """Issue 19: str(int) refuses more than 4300 digits; ints are encoded as bytes."""
+    big = 7**20000
+    assert key(("v", big)) == key(("v", 7**20000))
+    assert len({key(("v", v)) for v in (big, big + 1, -big, big * 256)}) == 4
+
+
 def test_bad_labels_and_namespaces() -> None:
     with pytest.raises(TypeError):
         KeyBuilder("")
@@ -118,6 +165,6 @@ def test_bad_labels_and_namespaces() -> None:
 
 
 def test_the_encoding_is_pinned() -> None:
-    """A key from before any change of the encoding (main at e5b742e): a change of the
-    encoding must bump SCHEMA_VERSION, and then this digest changes too."""
-    assert make_key("x", a=1) == "c731fbad2960ef372f04ea1e59bec1bb8462cebadfe9935abd285efa8846b31c"
+    """The key of today's encoding (schema 2, ints as bytes since issue 19): a change of
+    the encoding must bump SCHEMA_VERSION, and then this digest changes too."""
+    assert make_key("x", a=1) == "2f58c3813f9a20aacd1fe9e9e76fc6af98e23fefd06c89bc4a8d48e26e385b32"

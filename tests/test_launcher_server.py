@@ -306,3 +306,24 @@ def test_outputs_written_by_the_server_get_the_callers_umask(setup: Project) -> 
         assert proc.returncode == 0
         assert stat.S_IMODE((setup.project / "k.cubin").stat().st_mode) == 0o666 & ~umask
     assert stats(setup.cache)["server_hits"] == 2
+
+
+@pytest.mark.parametrize("variable", ["INCLUDES", "PTXAS_FLAGS", "SYSTEM_INCLUDES"])
+def test_the_server_keys_what_nvcc_profile_reads(setup: Project, variable: str) -> None:
+    """Issue 19: the server's memoised nvcc identity carries the profile's variables."""
+    setup.warm()
+    value = "-O0" if variable == "PTXAS_FLAGS" else "-DEXTRA=1"
+    changed = setup.run(CUBIN, **{variable: value})
+    assert changed.returncode == 0, changed.stderr
+    assert stats(setup.cache)["misses"] == 2
+    fresh = subprocess.run(
+        ["nvcc", *CUBIN[:-1], "fresh.cubin"],
+        cwd=setup.project,
+        env={**setup.env, variable: value},
+        check=True,
+    )
+    assert fresh.returncode == 0
+    cached = (setup.project / "k.cubin").read_bytes()
+    assert cached == (setup.project / "fresh.cubin").read_bytes()
+    assert setup.run(CUBIN, **{variable: value}).returncode == 0
+    assert stats(setup.cache)["server_hits"] == 1

@@ -29,6 +29,8 @@ Graph = Mapping[str, set[str]]
 # Layers: an entry is a module name, or "name.*" for a package's submodules.
 CORE = (
     "kernelcache.keys",
+    "kernelcache.directives",
+    "kernelcache.sloppiness",
     "kernelcache.fingerprint",
     "kernelcache.toolchain",
     "kernelcache.entry",
@@ -81,7 +83,13 @@ SURFACE = (
     "kernelcache.testing",
     "kernelcache.testing.*",
 )
-KEYS_LAYER = ("kernelcache.keys", "kernelcache.fingerprint", "kernelcache.toolchain")
+KEYS_LAYER = (
+    "kernelcache.keys",
+    "kernelcache.fingerprint",
+    "kernelcache.toolchain",
+    "kernelcache.directives",
+    "kernelcache.sloppiness",
+)
 SETTINGS = "kernelcache.settings"
 
 

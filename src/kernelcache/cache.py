@@ -173,6 +173,10 @@ class Cache:
             out[name] = info
         return out
 
+    def count_uncacheable(self) -> None:
+        """An integration compiled something it may not cache (counted as ``uncacheable``)."""
+        self._stats.count("uncacheable")
+
     def compile_stats(self) -> dict[str, float]:
         """This process's compiles, compile seconds, failures, single-flight waits and timeouts."""
         return self._stats.local()[1]

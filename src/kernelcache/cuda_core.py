@@ -44,7 +44,7 @@ from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.keys import KeyBuilder
 from kernelcache.nvrtc import includes
-from kernelcache.nvrtc.key import KeyMemo
+from kernelcache.nvrtc.key import KeyMemo, refusal
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
@@ -118,7 +118,10 @@ def header_digest(code: str | bytes, options: ProgramOptions) -> bytes:
     A warm call costs a ``stat`` per header read: a header whose stat
     signature is unchanged is not read again, one younger than the
     timestamp granularity is never trusted. Raises ``ValueError`` for
-    options or includes that cannot be fingerprinted (PCH, ``#include MACRO``).
+    options or includes that cannot be fingerprinted (PCH, ``#include MACRO``,
+    anything :mod:`kernelcache.directives` cannot read exactly) and for a
+    source or header naming a time macro unless
+    ``KERNELCACHE_SLOPPINESS=time_macros`` (the rule of every integration).
     """
     for field, why in _UNKEYABLE.items():
         if getattr(options, field, None):
@@ -142,6 +145,9 @@ def header_digest(code: str | bytes, options: ProgramOptions) -> bytes:
         pre_includes=pre,
         path_sensitive=paths,
     )
+    refused = refusal(found)
+    if refused is not None:
+        raise ValueError(f"this program cannot be cached: {refused}")
     builder = KeyBuilder("kernelcache.cuda_core.headers")
     builder.add("included", [list(row) for row in found.rows]).add("pre_includes", pre)
     builder.add("paths", found.paths + ([os.getcwd()] if paths else []))

@@ -21,10 +21,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-__all__ = ["SCHEMA_VERSION", "KeyBuilder", "encode", "file_sha256", "make_key", "sha256"]
+__all__ = [
+    "MAX_DEPTH",
+    "SCHEMA_VERSION",
+    "KeyBuilder",
+    "encode",
+    "file_sha256",
+    "make_key",
+    "sha256",
+]
 
 #: Bumped whenever the encoding changes, so old and new keys never coincide.
-SCHEMA_VERSION = 1
+#: 2: ints are encoded as two's-complement bytes, not decimal text (issue 19).
+SCHEMA_VERSION = 2
+#: Deeper nesting raises TypeError: a key is a flat record of settings, and a
+#: recursion this deep (or a list holding itself) is a bug in the caller.
+MAX_DEPTH = 100
 
 _LEN = struct.Struct(">Q")
 _FLOAT = struct.Struct(">d")
@@ -37,18 +49,29 @@ def _frame(tag: bytes, payload: bytes) -> bytes:
 def encode(value: Any) -> bytes:
     """Return the canonical, type-tagged encoding of ``value``.
 
-    Supported: None, bool, int, float, str, bytes-like, list/tuple (same tag:
-    option lists are often passed either way), dict (order-independent) and
-    any nesting of these. Anything else raises :class:`TypeError`: a silent
-    ``repr()`` would put addresses or unstable text into keys.
+    Supported: None, bool, int (any size), float, str, bytes-like, list/tuple
+    (same tag: option lists are often passed either way), dict
+    (order-independent) and any nesting of these up to :data:`MAX_DEPTH`
+    levels. Anything else, or deeper nesting, raises :class:`TypeError`: a
+    silent ``repr()`` would put addresses or unstable text into keys.
     """
+    return _encode(value, 0)
+
+
+def _int_bytes(value: int) -> bytes:
+    # Bytes, not decimal text: str(int) refuses ints over 4300 digits (issue 19),
+    # and bytes are shorter. Two's complement keeps -1 and 255 apart.
+    return value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True)
+
+
+def _encode(value: Any, depth: int) -> bytes:
     # bool before int: bool is a subclass of int but must not collide with 1/0.
     if value is None:
         return b"N"
     if isinstance(value, bool):
         return b"T" if value else b"F"
     if isinstance(value, int):
-        return _frame(b"i", str(int(value)).encode())
+        return _frame(b"i", _int_bytes(int(value)))
     if isinstance(value, float):
         # One NaN, and -0.0 kept distinct from 0.0 (they can change codegen).
         payload = b"nan" if math.isnan(value) else _FLOAT.pack(value)
@@ -57,11 +80,16 @@ def encode(value: Any) -> bytes:
         return _frame(b"s", value.encode("utf-8", "surrogatepass"))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return _frame(b"b", bytes(value))
-    if isinstance(value, (list, tuple)):
-        return _frame(b"l", b"".join(encode(item) for item in value))
-    if isinstance(value, Mapping):
-        items = sorted(encode(k) + encode(v) for k, v in value.items())
-        return _frame(b"d", b"".join(items))
+    if isinstance(value, (list, tuple, Mapping)):
+        if depth >= MAX_DEPTH:
+            raise TypeError(
+                f"cannot use a value nested more than {MAX_DEPTH} levels deep in a cache key "
+                "(or a list or dict that contains itself)"
+            )
+        if isinstance(value, Mapping):
+            items = sorted(_encode(k, depth + 1) + _encode(v, depth + 1) for k, v in value.items())
+            return _frame(b"d", b"".join(items))
+        return _frame(b"l", b"".join(_encode(item, depth + 1) for item in value))
     raise TypeError(
         f"cannot use a value of type {type(value).__module__}.{type(value).__qualname__} "
         "in a cache key; convert it to str, bytes, int, float, bool, None, list or dict "

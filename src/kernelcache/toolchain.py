@@ -169,15 +169,30 @@ def nvcc(path: str | None = None) -> str:
     identity = executable(resolved)
     if identity.startswith("probe_failed:"):
         return identity
-    # nvcc.profile next to the real binary sets include and library paths; a
-    # wrapper script's target is the real binary.
-    real = os.path.realpath(resolved)
-    binaries = [real] + [p for p in script_targets(real) if os.path.basename(p) == "nvcc"]
-    for binary in binaries:
-        profile = os.path.join(os.path.dirname(os.path.realpath(binary)), "nvcc.profile")
+    # nvcc.profile sets include and library paths (and reads the environment).
+    for profile in nvcc_profiles(resolved, script_targets(os.path.realpath(resolved))):
         if os.path.isfile(profile):
             identity += f"\nprofile:{file_digest(profile)}"
     return identity
+
+
+def nvcc_profiles(path: str, targets: list[str]) -> list[str]:
+    """The ``nvcc.profile`` files nvcc run as ``path`` may read.
+
+    nvcc reads the profile in the directory of the path it was run by, *not*
+    through symlinks (checked with 13.0: a symlink ``bin/nvcc`` reads
+    ``bin/nvcc.profile``; issue 19); a wrapper script's ``exec``'d nvcc reads
+    its own. The real binary's directory is listed too: keying a file nvcc
+    does not read costs nothing, leaving out one it does costs a stale binary.
+    """
+    binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
+    out: list[str] = []
+    for binary in binaries:
+        for where in (os.path.abspath(binary), os.path.realpath(binary)):
+            profile = os.path.join(os.path.dirname(where), "nvcc.profile")
+            if profile not in out:
+                out.append(profile)
+    return out
 
 
 def _loaded_library(fragment: str) -> str | None:

@@ -190,8 +190,8 @@ def _apply(
         inv.keyed.append([name, value])
         inv.debug = inv.debug or role == "debug"
         inv.forward = inv.forward or role == "forward"
-        if name == "--compiler-options" and value and "-g" in value.replace(",", " ").split():
-            inv.debug = True  # host debug info names the directory too
+        if name == "--compiler-options":
+            _host_options(inv, (value or "").split(","), 0)
     elif role.startswith("uncacheable:"):
         inv.refuse(role.split(":", 1)[1])
     elif role.startswith("mode:"):
@@ -229,11 +229,63 @@ def _check_unknown(inv: Invocation) -> None:
     if not inv.forward:
         inv.refuse(f"unknown option {inv.unknown[0]}")
         return
-    for token in inv.unknown:
-        if token.startswith(HOST_UNCACHEABLE):
+    _host_options(inv, inv.unknown, 0)
+
+
+#: Host options that add to the preprocessor's search path (failed lookups are watched there).
+_HOST_SEARCH = {
+    "-I": "include",
+    "-iquote": "include",
+    "-isystem": "isystem",
+    "-idirafter": "isystem",
+}
+
+
+def _host_options(inv: Invocation, tokens: list[str], depth: int) -> None:
+    """One rule for host options, forwarded or given through ``-Xcompiler`` (issue 19).
+
+    Refused: what :data:`HOST_UNCACHEABLE` names. A gcc response file
+    (``@file``) is read, recursively, and its content keyed, or the call
+    refused when it cannot be read. ``-I``-like options join the search
+    path that failed lookups are watched on; ``-include`` files are in the
+    dependency list nvcc writes, so their content is keyed there.
+    """
+    expects: str | None = None
+    for token in tokens:
+        if expects is not None:
+            inv.includes.append((expects, token))
+            expects = None
+        elif token.startswith("@") and len(token) > 1:
+            _response_file(inv, token[1:], depth)
+        elif token.startswith(HOST_UNCACHEABLE):
             inv.refuse(f"host option {token} is not cached")
         elif token.startswith("-g") and not token.startswith("-gno") and token != "-g0":
             inv.debug = True  # -g3, -ggdb, -gdwarf-4: host debug info names the directory
+        else:
+            flag = next((f for f in _HOST_SEARCH if token.startswith(f)), None)
+            if flag is not None and token == flag:
+                expects = _HOST_SEARCH[flag]
+            elif flag is not None:
+                inv.includes.append((_HOST_SEARCH[flag], token[len(flag) :]))
+
+
+def _response_file(inv: Invocation, name: str, depth: int) -> None:
+    """Key a gcc response file's content and apply the host rules to its options."""
+    if depth >= _MAX_OPTFILE_DEPTH:
+        inv.refuse("host response files nested too deeply")
+        return
+    try:
+        with open(name, "rb") as f:
+            content = f.read()
+        tokens = _shell_split(content.decode("utf-8", "surrogateescape"))
+    except (OSError, ValueError) as exc:
+        # gcc passes an unreadable @name on as an argument; too odd to cache.
+        inv.refuse(f"unreadable host response file @{name} ({type(exc).__name__})")
+        return
+    from kernelcache.keys import sha256
+
+    inv.keyed.append(["<host-response-file>", sha256(content).hexdigest()])
+    _host_options(inv, tokens, depth + 1)
 
 
 def _finish(inv: Invocation, inputs: list[str], basedir: str | None) -> None:

@@ -11,18 +11,21 @@ exists are recorded as *absent*. A lookup re-checks them: one ``stat`` per
 directory that holds candidates while that directory is unchanged, and a
 ``stat`` per candidate once it changed. Directories nvcc and gcc add
 themselves (the toolkit's and the system's) are not watched: a header
-appearing there is a toolchain change. Computed includes (``#include
-MACRO``) cannot be resolved and are not recorded.
+appearing there is a toolchain change. The directives are read by
+:mod:`kernelcache.directives`; a dependency it cannot read exactly (a
+computed ``#include MACRO``, ``__has_include(MACRO)``, ...) raises
+:class:`Unsure`, and the result is then found by its preprocessed key only,
+never through the manifest (issue 19).
 
 *Time macros.* A dependency that mentions ``__TIME__``, ``__DATE__`` or
 ``__TIMESTAMP__`` makes the result depend on the clock: it is not cached
-unless ``KERNELCACHE_SLOPPINESS=time_macros`` (ccache's switch) says so.
+unless ``KERNELCACHE_SLOPPINESS=time_macros`` (ccache's switch) says so, the
+rule of every integration (:func:`kernelcache.directives.time_macro`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import TYPE_CHECKING
 
@@ -36,20 +39,19 @@ if TYPE_CHECKING:
 
     from kernelcache.nvcc.args import Invocation
 
-TIME_MACROS = (b"__TIME__", b"__DATE__", b"__TIMESTAMP__")
-_DIRECTIVE = re.compile(
-    rb"^[ \t]*#[ \t]*(include_next|include|import)[ \t]*([<\"])([^>\"\n]+)[>\"]"
-    rb"|(__has_include_next|__has_include)[ \t]*\([ \t]*([<\"])([^>\"\n]+)[>\"]",
-    re.MULTILINE,
-)
+
+class Unsure(Exception):
+    """A dependency names headers in a way the scanner cannot follow exactly (the reason)."""
 
 
 def time_macro(contents: Mapping[str, bytes]) -> str | None:
     """``"__TIME__ in k.cu"`` for the first file that mentions a time macro, else ``None``."""
+    from kernelcache import directives  # a miss only: a hit compiles none of its patterns
+
     for path, data in contents.items():
-        for macro in TIME_MACROS:
-            if macro in data:
-                return f"{macro.decode()} in {path}"
+        macro = directives.time_macro(data)
+        if macro is not None:
+            return f"{macro} in {path}"
     return None
 
 
@@ -61,16 +63,14 @@ def search_path(inv: Invocation, env: Mapping[str, str]) -> tuple[list[str], lis
     return include, system
 
 
-def _directives(data: bytes) -> list[tuple[bool, bool, str]]:
-    """``(quoted, next, name)`` of every include-like directive in a file."""
-    found = []
-    for m in _DIRECTIVE.finditer(data):
-        if m.group(1):
-            word, quote, name = m.group(1), m.group(2), m.group(3)
-        else:
-            word, quote, name = m.group(4), m.group(5), m.group(6)
-        found.append((quote == b'"', word.endswith(b"next"), os.fsdecode(name).strip()))
-    return found
+def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
+    """``(quoted, next, name)`` of every include-like directive in a file; :class:`Unsure` if unclear."""
+    from kernelcache import directives
+
+    found = directives.scan(data)
+    if found.unsure is not None:
+        raise Unsure(f"{path}: {found.unsure}")
+    return found.includes
 
 
 def absent(
@@ -79,7 +79,8 @@ def absent(
     """Paths the preprocessor looked for and did not find (see the module docstring).
 
     ``None`` when a candidate appeared during the compile (the result is then
-    not cached: the compile may or may not have seen it).
+    not cached: the compile may or may not have seen it). Raises
+    :class:`Unsure` when a dependency's directives cannot be read exactly.
     """
     deps = {os.path.normpath(p) for p in contents}
     dirs = [os.path.normpath(d) for d in user_dirs]
@@ -87,7 +88,7 @@ def absent(
     for path, data in contents.items():
         here = os.path.normpath(os.path.dirname(path) or ".")
         found_in = next((i for i, d in enumerate(dirs) if here == d), None)
-        for quoted, nxt, name in _directives(data):
+        for quoted, nxt, name in _directives(path, data):
             if os.path.isabs(name):
                 continue
             if nxt:
@@ -95,7 +96,7 @@ def absent(
             else:
                 chain = ([here] if quoted else []) + dirs
             for d in chain:
-                candidate = os.path.normpath(os.path.join(d, name))
+                candidate = _physical(os.path.join(d, name))
                 try:
                     st = os.stat(candidate)
                 except OSError:
@@ -105,6 +106,14 @@ def absent(
                     return None  # appeared during the compile: which one did it see?
                 break  # found here: later directories were not searched
     return list(out)
+
+
+def _physical(path: str) -> str:
+    """``path`` as ``open`` finds it: a ``..`` after a symlink goes up from its target."""
+    if ".." not in path.split(os.sep):
+        return os.path.normpath(path)
+    head, name = os.path.split(path)
+    return os.path.join(os.path.realpath(head or os.curdir), name)
 
 
 def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:

@@ -4,7 +4,8 @@
   nvcc's identity (``--version`` and content hashes, memoised by stat), the
   host compiler's identity (``-ccbin``, ``NVCC_CCBIN`` or ``gcc`` on ``PATH``:
   nvcc preprocesses with it), the normalised arguments (outputs removed), the
-  environment variables nvcc and gcc read (:data:`ENV_VARS`), the working
+  environment variables nvcc and gcc read (:data:`ENV_VARS`) and those its
+  ``nvcc.profile`` reads (:func:`profile_variables`), the working
   directory when debug info names it, and the sloppiness the user allowed.
 - The *direct key* adds the source's content. A manifest under it maps
   dependency states to results (:mod:`kernelcache.nvcc.deps`).
@@ -56,12 +57,10 @@ def flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def sloppiness(env: Mapping[str, str]) -> frozenset[str]:
-    """``KERNELCACHE_SLOPPINESS``: what the user allows the cache to ignore (ccache's names)."""
-    words = env.get("KERNELCACHE_SLOPPINESS", "").replace(",", " ").split()
-    unknown = sorted(set(words) - {"time_macros"})
-    if unknown:
-        raise ValueError(f"KERNELCACHE_SLOPPINESS: unknown value(s) {', '.join(unknown)}")
-    return frozenset(words)
+    """``KERNELCACHE_SLOPPINESS`` (one reading for every integration: :mod:`kernelcache.sloppiness`)."""
+    from kernelcache.sloppiness import sloppiness as read
+
+    return read(env)
 
 
 def which(name: str, env: Mapping[str, str]) -> str | None:
@@ -103,9 +102,7 @@ class Identities:
         self._known: dict[str, tuple[list[str], list[tuple[int, ...] | None], str]] = {}
 
     def nvcc(self, path: str) -> str:
-        from kernelcache import toolchain
-
-        return self._get("nvcc", path, toolchain.nvcc)
+        return self._get("nvcc", path, nvcc_identity)
 
     def executable(self, path: str) -> str:
         from kernelcache import toolchain
@@ -134,10 +131,7 @@ def _identity_files(kind: str, path: str) -> list[str]:
         targets = []
     files = [path, *targets]
     if kind == "nvcc":
-        binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
-        files += [
-            os.path.join(os.path.dirname(os.path.realpath(b)), "nvcc.profile") for b in binaries
-        ]
+        files += toolchain.nvcc_profiles(path, targets)
     return files
 
 
@@ -169,15 +163,17 @@ def command_key(
     from kernelcache.keys import KeyBuilder
 
     host = host_compiler(inv, env)
-    nvcc_id = known.nvcc(nvcc) if known else toolchain.nvcc(nvcc)
+    nvcc_id = known.nvcc(nvcc) if known else nvcc_identity(nvcc)
     host_id = "probe_failed:FileNotFoundError"
     if host:
         host_id = known.executable(host) if known else toolchain.executable(host)
     builder = KeyBuilder("kernelcache.nvcc.command")
-    builder.add("nvcc", nvcc_id)
+    builder.add("nvcc", nvcc_id)  # with the names its nvcc.profile reads (issue 19)
     builder.add("host", host_id)
     builder.add("args", inv.keyed)
     builder.add("env", {name: env.get(name) for name in ENV_VARS})
+    reads = nvcc_id.rpartition(_PROFILE_READS)[2].split(",") if _PROFILE_READS in nvcc_id else []
+    builder.add("profile_env", {name: env.get(name) for name in reads if name})
     builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)
     builder.add("sloppiness", sorted(sloppiness(env)))
     return builder.hexdigest()
@@ -204,3 +200,82 @@ def result_key(direct: str, rows: list[list[Any]]) -> str:
     contents = [[str(stored), str(digest)] for stored, digest, _sig in rows]
     builder = KeyBuilder("kernelcache.nvcc.result").add("direct", direct)
     return builder.add("deps", contents).hexdigest()
+
+
+PROFILE_NOT_KEYED = frozenset({"PATH"})
+_PROFILE_READS = "\nprofile-reads:"
+
+
+def nvcc_identity(nvcc: str) -> str:
+    """nvcc's identity (:func:`kernelcache.toolchain.nvcc`) and the variables its profile reads.
+
+    One string, so that the server's :class:`Identities` re-checks both with
+    the same ``stat`` calls and a hit does no more work than before.
+    """
+    from kernelcache import toolchain
+
+    identity = toolchain.nvcc(nvcc)
+    if identity.startswith("probe_failed:"):
+        return identity
+    return identity + _PROFILE_READS + ",".join(profile_variables(nvcc))
+
+
+def profile_variables(nvcc: str) -> tuple[str, ...]:
+    """The environment variables the ``nvcc.profile`` of ``nvcc`` reads, sorted.
+
+    nvcc reads the profile in the directory of the path it was run by (not
+    through symlinks; a wrapper script's ``exec``'d nvcc reads its own:
+    :func:`kernelcache.toolchain.nvcc_profiles`) and expands it against the
+    environment: ``INCLUDES += ...`` starts from the caller's ``INCLUDES``,
+    ``PTXAS_FLAGS`` reaches ptxas, a ``$(NAME)`` is read from the environment
+    unless the profile sets it (issue 19). So every name the profile assigns
+    or expands is keyed, whatever the profile says: no fixed list. Left out:
+    ``PATH`` (the profile puts the toolkit's directories first, and the one
+    program nvcc finds through the caller's ``PATH``, the host compiler, is
+    keyed by identity; keying ``PATH`` would split a team's entries by shell
+    set-up). Read on a miss of :class:`Identities` (by stat, in the server),
+    else once per call of a fresh process.
+    """
+    from kernelcache import toolchain
+
+    names: set[str] = set()
+    for path in toolchain.nvcc_profiles(nvcc, _targets(nvcc)):
+        try:
+            with open(path, "rb") as f:
+                names |= profile_names(f.read().decode("utf-8", "surrogateescape"))
+        except OSError:
+            continue  # no profile there: nvcc reads none either
+    return tuple(sorted(names - PROFILE_NOT_KEYED))
+
+
+def _targets(path: str) -> list[str]:
+    from kernelcache import toolchain
+
+    try:
+        return toolchain.script_targets(os.path.realpath(path))
+    except OSError:
+        return []
+
+
+def profile_names(text: str) -> set[str]:
+    """Every name ``text`` assigns (``=``, ``+=``, ``=+``) or expands (``$(NAME)``, ``${NAME}``)."""
+    names: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        left, eq, _ = line.partition("=")
+        name = left.rstrip().rstrip("+").rstrip()
+        if eq and name.isidentifier():
+            names.add(name)
+        for opener, closer in (("$(", ")"), ("${", "}")):
+            at = line.find(opener)
+            while at >= 0:
+                end = line.find(closer, at + 2)
+                if end < 0:
+                    break
+                inner = line[at + 2 : end].strip()
+                if inner.isidentifier():
+                    names.add(inner)
+                at = line.find(opener, end)
+    return names

@@ -10,6 +10,9 @@
 
 Not cached: failed compiles, compiles whose inputs changed while they ran, and
 sources that use a time macro (unless ``KERNELCACHE_SLOPPINESS=time_macros``).
+A dependency whose include directives the scanner cannot read exactly
+(:class:`kernelcache.nvcc.includes.Unsure`) gets no manifest variant: its
+result is found by the preprocessed key only (and not cached without one).
 Imported only on a miss, with ``subprocess`` and ``tempfile``.
 """
 
@@ -72,7 +75,8 @@ def _preprocessed_hit(
         return None
     if isinstance(recorded, str) or not write_outputs(job.inv, result, job.basedir):
         return None
-    _add_variant(cache, job, recorded, pre)
+    if recorded[1] is not None:
+        _add_variant(cache, job, recorded, pre)
     replay(result["stdout"], result["stderr"])
     return Outcome("hits", saved=saved_seconds(result), detail="preprocessed_hits")
 
@@ -105,7 +109,10 @@ def _compile(cache: Cache, job: Job, pre: str | None, started: int) -> tuple[int
 
 
 def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
-    """``(rows, absent groups)`` of a compile's dependencies, or why it cannot be cached."""
+    """``(rows, absent groups)`` of a compile's dependencies, or why it cannot be cached.
+
+    The absent groups are ``None`` when the include scan is unsure: no direct mode.
+    """
     recorded = nvcc_deps.record(paths, job.basedir, started)
     if recorded is None:
         return "an input changed during the compile"
@@ -114,7 +121,10 @@ def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
         why = includes.time_macro(contents)
         if why is not None:
             return f"uses {why.split(' in ', 1)[0]}"
-    absent = includes.absent(contents, job.user_dirs(), started)
+    try:
+        absent = includes.absent(contents, job.user_dirs(), started)
+    except includes.Unsure:
+        return rows, None  # only the preprocessed key can find this result
     if absent is None:
         return "an input changed during the compile"
     return rows, includes.watch(absent, job.basedir)
@@ -153,6 +163,8 @@ def _store(
         return f"outputs or dependencies unreadable ({type(exc).__name__})"
     if isinstance(recorded, str):
         return recorded
+    if recorded[1] is None and pre is None:
+        return "include directives the scanner cannot follow, and no preprocessed key"
     stored, encoding = pack_output(output)
     artifacts = {"output": stored, "stdout": proc.stdout, "stderr": proc.stderr}
     if user_dep is not None:
@@ -168,7 +180,8 @@ def _store(
     }
     result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
     cache.put(result, Entry(artifacts, meta))
-    _add_variant(cache, job, recorded, result)
+    if recorded[1] is not None:
+        _add_variant(cache, job, recorded, result)
     return None
 
 

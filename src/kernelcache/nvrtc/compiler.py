@@ -11,7 +11,10 @@ the binary (debug info, ``__FILE__``), so a copy of a project hits.
 
 Lowered names of ``name_expressions`` are stored in the entry's metadata, so
 they survive a hit (cuda.core's program cache drops them). Failed compiles
-raise :class:`NVRTCError` with the log and are not cached.
+raise :class:`NVRTCError` with the log and are not cached. A source whose
+includes the scanner cannot follow exactly, or that names a time macro
+(without ``KERNELCACHE_SLOPPINESS=time_macros``), is compiled every time,
+uncached, and counted as ``uncacheable`` in the cache's compile statistics.
 """
 
 from __future__ import annotations
@@ -94,14 +97,20 @@ def cache_key(
     include_dirs: Sequence[str | os.PathLike[str]] = (),
     name_expressions: Sequence[str] = (),
 ) -> str:
-    """The key :func:`compile` would use for these arguments, without compiling."""
+    """The key :func:`compile` would use for these arguments, without compiling.
+
+    Raises ``ValueError`` for a compile that cannot be cached (it has no key).
+    """
     args = arguments(source, name, arch, target, options, headers, include_dirs, name_expressions)
-    return cached_key(
+    key, why = cached_key(
         args,
         lambda: request(
             source, name, arch, target, options, headers, include_dirs, name_expressions
         ),
     )
+    if why is not None:
+        raise ValueError(f"this NVRTC compile cannot be cached: {why}")
+    return key
 
 
 def compile(
@@ -127,11 +136,15 @@ def compile(
 
     # A repeated call reuses its key while no file its scan read has changed (key.py).
     args = arguments(source, name, arch, target, options, headers, include_dirs, name_expressions)
-    key = cached_key(args, make)
+    key, why = cached_key(args, make)
     if cache is None:
         from kernelcache._defaults import default_cache
 
         cache = default_cache()
+    if why is not None:  # compiled as if there were no cache, and counted
+        entry = _compile_entry(make())
+        cache.count_uncacheable()
+        return CompileResult(entry[_ARTIFACT[target]], target, False, key, entry)
     compiled = False
 
     def run() -> Entry:

@@ -14,8 +14,12 @@ The scan over-approximates and never under-approximates: every existing
 candidate for an include is hashed, not only the first (so a slip in modelling
 NVRTC's search order costs a spurious miss, never a stale hit); includes in
 inactive ``#if`` branches and comments count; ``__has_include`` names count.
-A header chosen by macro (``#include MACRO``) cannot be found without a
-preprocessor and raises ``ValueError``.
+Directives are read by :mod:`kernelcache.directives` (splices, digraphs,
+comments inside directives); what it cannot read exactly (``#include MACRO``,
+``__has_include(MACRO)``, ...) sets :attr:`Scan.unsure`, and so does a time
+macro (:attr:`Scan.time_macro`): the caller then does not cache (issue 19).
+A ``..`` is resolved as the compiler resolves it, through symlinks (the real
+path of the including file's directory), not on paper.
 
 Files are identified in keys by *logical location* (search root label and the
 path below it), never by absolute path, so a copy of a project in another
@@ -26,19 +30,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kernelcache import _fs
+from kernelcache import _fs, directives
 
 Signature = tuple[int, int, int, int, int]  # _fs.signature
 
-_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]*([<"])([^>"\r\n]+)[>"]', re.M)
-_COMPUTED = re.compile(rb'^[ \t]*#[ \t]*include(?:_next)?[ \t]+([^<"\s][^\r\n]*)', re.M)
-_HAS_INCLUDE = re.compile(rb'__has_include(?:_next)?\s*\(\s*([<"])([^>"\r\n]+)[>"]\s*\)')
 #: Markers of path-dependent output: the file's path as NVRTC spells it ends up
 #: in the binary, so it must be in the key.
 _PATH_MACROS = (b"__FILE__", b"__FILE_NAME__")
@@ -51,25 +51,19 @@ class Parsed:
 
     digest: bytes
     includes: tuple[tuple[str, str], ...]  # (delimiter, spelling)
-    computed: tuple[str, ...]
+    unsure: str | None  # what the directive reader did not understand
+    time_macro: str | None  # the first time macro named
     path_sensitive: bool
 
 
 def parse(content: bytes) -> Parsed:
-    includes = [
-        (m.group(1).decode(), os.fsdecode(m.group(2).strip())) for m in _INCLUDE.finditer(content)
-    ]
-    includes += [
-        (m.group(1).decode(), os.fsdecode(m.group(2).strip()))
-        for m in _HAS_INCLUDE.finditer(content)
-    ]
-    computed = tuple(
-        m.group(1).decode("utf-8", "replace").strip() for m in _COMPUTED.finditer(content)
-    )
+    found = directives.scan(content)
+    includes = [('"' if quoted else "<", name) for quoted, _next, name in found.includes]
     return Parsed(
         digest=hashlib.sha256(content).digest(),
         includes=tuple(dict.fromkeys(includes)),
-        computed=computed,
+        unsure=found.unsure,
+        time_macro=directives.time_macro(content),
         path_sensitive=any(marker in content for marker in _PATH_MACROS),
     )
 
@@ -122,6 +116,8 @@ class Scan:
     checks: list[tuple[str, Signature]] = field(default_factory=list)
     absent: dict[str, Signature] = field(default_factory=dict)
     memoizable: bool = True
+    unsure: str | None = None  # set: the key may miss a header, so nothing is cached
+    time_macro: str | None = None  # set: the binary depends on the clock
 
 
 def scan(
@@ -160,12 +156,10 @@ def scan(
             )
     while work:
         parsed, root, rel, where = work.pop()
-        if parsed.computed:
-            raise ValueError(
-                f"{where} includes a header chosen by a macro (#include {parsed.computed[0]}); "
-                "kernelcache cannot tell which file that is without a preprocessor, so it "
-                "cannot key this compile: spell the header name out"
-            )
+        if parsed.unsure is not None and result.unsure is None:
+            result.unsure = f"{where}: {parsed.unsure}"
+        if parsed.time_macro is not None and result.time_macro is None:
+            result.time_macro = f"{parsed.time_macro} in {where}"
         for include in parsed.includes:
             _resolve(include, root, rel, roots, headers, work, seen, result, path_sensitive)
     result.rows.sort()
@@ -191,8 +185,11 @@ def _resolve(
         work.append((parse(headers[spelling]), "cwd", spelling, spelling))
     candidates: list[tuple[str, str]] = []
     if delimiter == '"' and root is not None:
-        candidates.append((root, os.path.normpath(os.path.join(os.path.dirname(rel), spelling))))
-    candidates += [(label, os.path.normpath(spelling)) for label in roots if label.startswith("I")]
+        base = "" if root == "cwd" else roots[root]
+        candidates.append((root, _below(base, os.path.join(os.path.dirname(rel), spelling))))
+    candidates += [
+        (label, _below(roots[label], spelling)) for label in roots if label.startswith("I")
+    ]
     for label, below in candidates:
         if (label, below) in seen:
             continue
@@ -210,6 +207,25 @@ def _resolve(
         if path_sensitive or parsed.path_sensitive:
             result.paths.append(path)
         work.append((parsed, label, below, path))
+
+
+def _below(base: str, spelled: str) -> str:
+    """Where ``spelled`` (relative to ``base``) is, as the compiler finds it.
+
+    ``os.path.normpath`` drops ``x/..`` on paper; the compiler's ``open``
+    goes through ``x`` first, and when ``x`` is a symlink lands elsewhere
+    (issue 19). A path with ``..`` is resolved physically (the real path of
+    its directory), relative to the real ``base`` where it stays below it,
+    else absolute (it names a file outside the search root).
+    """
+    if ".." not in spelled.replace(os.sep, "/").split("/"):
+        return os.path.normpath(spelled)
+    real_base = os.path.realpath(base or os.curdir)
+    head, name = os.path.split(os.path.join(base, spelled) if base else spelled)
+    real = os.path.join(os.path.realpath(head or os.curdir), name)
+    if real.startswith(real_base + os.sep):
+        return os.path.relpath(real, real_base)
+    return real
 
 
 def _guard_absent(path: str, result: Scan) -> None:

@@ -13,6 +13,10 @@ search path) derives the key again from the files' contents. A scan that saw
 a file younger than the file system's timestamp granularity
 (:func:`kernelcache._fs.too_new`) is never remembered: an edit within the
 same tick could leave its signature unchanged.
+
+A scan that is unsure of an include, or that found a time macro without
+``KERNELCACHE_SLOPPINESS=time_macros``, gives no key at all: the compile is
+not cached and not remembered (:func:`cached_key` returns the reason).
 """
 
 from __future__ import annotations
@@ -107,6 +111,20 @@ def derive(req: Request) -> tuple[str, includes.Scan]:
     return builder.hexdigest(), found
 
 
+def refusal(found: includes.Scan) -> str | None:
+    """Why a compile with this scan cannot be cached (one rule with the launcher), or ``None``."""
+    from kernelcache.sloppiness import time_macros_allowed
+
+    if found.unsure is not None:
+        return f"include directives the scanner cannot follow ({found.unsure})"
+    if found.time_macro is not None and not time_macros_allowed():
+        return (
+            f"uses {found.time_macro}, so its binary depends on the clock "
+            "(KERNELCACHE_SLOPPINESS=time_macros caches it anyway)"
+        )
+    return None
+
+
 class KeyMemo:
     """Keys this process derived, by the exact arguments they were derived from.
 
@@ -127,6 +145,8 @@ class KeyMemo:
         known = self._known.get(args)
         if known is None or not includes.still_valid(known[1].checks, known[1].absent):
             return None
+        if known[1].time_macro is not None and refusal(known[1]) is not None:
+            return None  # remembered under time_macros sloppiness, since withdrawn
         return known[0]
 
     def remember(self, args: tuple[Any, ...], key: str, scan: includes.Scan) -> None:
@@ -182,13 +202,18 @@ def arguments(
     return (os.getcwd(), source, name, arch, target, opts, hdrs, dirs, exprs)
 
 
-def cached_key(args: tuple[Any, ...] | None, make: Callable[[], Request]) -> str:
-    """The key for ``args`` from :data:`memo` if still valid, else ``derive(make())``, remembered."""
+def cached_key(args: tuple[Any, ...] | None, make: Callable[[], Request]) -> tuple[str, str | None]:
+    """``(key, None)`` for ``args`` from :data:`memo` if still valid, else derived and remembered.
+
+    ``(key, reason)`` when the compile cannot be cached (:func:`refusal`):
+    then nothing is remembered and the key must not be used.
+    """
     if args is not None:
         key = memo.lookup(args)
         if key is not None:
-            return key
+            return key, None
     key, scan = derive(make())
-    if args is not None:
+    why = refusal(scan)
+    if why is None and args is not None:
         memo.remember(args, key, scan)
-    return key
+    return key, why

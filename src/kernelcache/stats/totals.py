@@ -53,7 +53,14 @@ TIER_FIELDS = (
     "bytes_written",
     "seconds_saved",
 )
-COMPILE_FIELDS = ("compiles", "compile_seconds", "compile_errors", "flight_waits", "lock_timeouts")
+COMPILE_FIELDS = (
+    "compiles",
+    "compile_seconds",
+    "compile_errors",
+    "flight_waits",
+    "lock_timeouts",
+    "uncacheable",
+)
 
 KeyDeltas = Mapping[str, tuple[int, float]]
 
