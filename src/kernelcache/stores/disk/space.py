@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import struct
-import threading
 from typing import TYPE_CHECKING
 
 import xxhash
@@ -43,6 +41,7 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
+from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -55,6 +54,8 @@ LOW_WATER = 0.99
 _MAGIC = b"KCSPACE1"
 _TALLY = struct.Struct("<8sqqQ")  # magic, bytes, entries, xxh64 of the fields before it
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Staged deletions that failed (EBUSY) remembered for a retry, at most.
+_LEFTOVER_MAX = 1024
 
 
 def _pack(size: int, count: int) -> bytes:
@@ -106,81 +107,53 @@ class Space:
         layout: Layout,
         count: Callable[[str, int], None],
         caps: Callable[[], tuple[int | None, int | None]],
+        *,
+        network: bool = False,
     ) -> None:
         self.layout = layout
         self.queues = Queues(layout.lru, shards(), layout.staging)
         self._count = count
         self._caps = caps
-        self._fd: int | None = None
-        self._id: tuple[int, int] | None = None
+        self.lock = TierLock(layout, network=network)
         self._pid = os.getpid()
-        self._lock = threading.Lock()
         self._doomed: list[str] = []
+        self._leftover: list[str] = []
 
     # The lock ------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[Tally]:
         """Hold the tier's space lock; yields the counter (recounted first if it was lost).
 
-        flock belongs to the open file description: threads sharing the
-        descriptor are not excluded by it (hence the thread lock), and a
-        forked child shares it with its parent (hence a new one after fork).
-        What was renamed into staging meanwhile is deleted after the lock is released.
+        What was renamed into staging meanwhile is deleted after the lock is
+        released (nobody waits for the deletions); a folder that cannot go now
+        (``EBUSY``: a file in it still open on another NFS client) is retried
+        after a later change, and swept by the next store open.
         """
         if self._pid != os.getpid():
-            self._fd, self._id, self._pid = None, None, os.getpid()
-            self._lock, self._doomed = threading.Lock(), []
+            self._pid, self._doomed, self._leftover = os.getpid(), [], []
         doomed: list[str] = []
         try:
-            with self._lock:
-                fd = self._lock_file()
+            with self.lock.held() as fd:
                 try:
                     tally = Tally(fd)
                     if not tally.valid:
                         self.recount_locked(tally)
                     yield tally
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
                     doomed, self._doomed = self._doomed, []
         finally:
-            for path in doomed:  # after the locks: nobody waits for the deletions
-                remove_tree(path)
-
-    def _lock_file(self) -> int:
-        """Lock the counter file that the path names now (it may have been removed or replaced)."""
-        while True:
-            if self._fd is None:
-                self._fd = self._open()
-                st = os.fstat(self._fd)
-                self._id = (st.st_dev, st.st_ino)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                st = os.lstat(self.layout.space)
-                if (st.st_dev, st.st_ino) == self._id:
-                    return self._fd
-            except FileNotFoundError:
-                pass
-            # Deleted or replaced since we opened it: our lock guards nothing. Start over.
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def _open(self) -> int:
-        try:
-            return os.open(self.layout.space, _OPEN, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-        # A symlink: following it would write outside the cache. Refused, removed, recreated.
-        self.layout.refused()
-        os.unlink(self.layout.space)
-        return os.open(self.layout.space, _OPEN | os.O_EXCL, 0o600)
+            pending, self._leftover = self._leftover + doomed, []
+            self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
 
     # Changes -------------------------------------------------------------
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
         """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
+            if self.lock.network:
+                self._link_in(tally, tmp, path, size)
+                self.clean(tally)
+                return
             try:
                 st = os.lstat(path)
                 old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
@@ -199,6 +172,52 @@ class Space:
             if size < old:
                 tally.add(size - old, 0)
             self.clean(tally)
+
+    def _link_in(self, tally: Tally, tmp: str, path: str, size: int) -> None:
+        """Publish on a network filesystem, where ``lstat`` may answer from a cache that
+        lags another node (no entry, or the inode it replaced): ``link()`` asks the
+        server whether the name is taken, so the counter stays exact."""
+        tally.add(size, 1)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            tally.add(-size, -1)
+            self._replace(tally, tmp, path, size)
+            return
+        except BaseException:
+            tally.add(-size, -1)
+            raise
+        with contextlib.suppress(OSError):  # a leftover link in staging is swept later
+            os.unlink(tmp)
+
+    def _replace(self, tally: Tally, tmp: str, path: str, size: int) -> None:
+        mine = os.lstat(tmp).st_ino
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:  # gone meanwhile, or a link (replaced, never followed)
+            if exc.errno not in (errno.ENOENT, errno.ELOOP):
+                raise
+            old, new = 0, 1
+        else:
+            try:
+                st = os.fstat(fd)  # after an open: close-to-open revalidated it
+            finally:
+                os.close(fd)
+            if st.st_ino == mine:  # our own link, its reply lost and retried: done
+                tally.add(size, 1)
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return
+            old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+        grows = max(size - old, 0)
+        tally.add(grows, new)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            tally.add(-grows, -new)
+            raise
+        if size < old:
+            tally.add(size - old, 0)
 
     def remove(self, key: str, expect_ino: int | None = None) -> bool:
         """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``."""
@@ -397,6 +416,4 @@ class Space:
         return count, size
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
+        self.lock.close()
