@@ -133,6 +133,8 @@ class FileFlightLock:
                 # Lustre without -o flock and the like: a lease file serves instead,
                 # for every later lock in this folder too.
                 _no_flock.add(folder)
+                with contextlib.suppress(OSError):  # nobody can flock it here: just clutter
+                    os.unlink(self.path)
                 return self._acquire_lease(deadline - time.monotonic())
             self._failed()
             raise StoreError(f"lock {self.path}: {exc}") from exc
