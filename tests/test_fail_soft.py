@@ -250,7 +250,8 @@ def test_no_fault_reaches_the_caller_of_get_or_compile(
             monkeypatch.undo()
             fail_once(monkeypatch, name, code, lambda *a, **k: True, times=3)
             key = f"{name}-{code}"
-            assert cache.get_or_compile(key, lambda key=key: key.encode())["data"] == key.encode()
+            data = key.encode()
+            assert cache.get_or_compile(key, lambda data=data: data)["data"] == data
     monkeypatch.undo()
     store = cache.tiers[0]
     assert isinstance(store, DiskStore)
