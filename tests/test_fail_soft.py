@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 import shutil
 from collections.abc import Callable
@@ -251,7 +252,7 @@ def test_no_fault_reaches_the_caller_of_get_or_compile(
             fail_once(monkeypatch, name, code, lambda *a, **k: True, times=3)
             key = f"{name}-{code}"
             data = key.encode()
-            assert cache.get_or_compile(key, lambda data=data: data)["data"] == data
+            assert cache.get_or_compile(key, functools.partial(bytes, data))["data"] == data
     monkeypatch.undo()
     store = cache.tiers[0]
     assert isinstance(store, DiskStore)
