@@ -153,6 +153,27 @@ def _from_mountinfo(path: str | None, dev: int) -> str:
     return name
 
 
+def assume(path: str, name: str) -> FsType:
+    """Take ``path``'s filesystem to be ``name`` (a mountinfo type) in this process, from now on.
+
+    For tests, and for what mountinfo cannot know (a FUSE mount that is local).
+    """
+    found = _by_dev[os.stat(path).st_dev] = FsType(name, is_network_type(name))
+    return found
+
+
+def forget() -> None:
+    """Detect every directory afresh, and warn again (tests)."""
+    _by_dev.clear()
+    _warned.clear()
+
+
+def report(path: str) -> dict[str, object]:
+    """What ``kernelcache stats`` and ``kernelcache config`` show of ``path``'s filesystem."""
+    found = detect(path)
+    return {"type": found.name, "network": found.network}
+
+
 def warn_if_network(path: str) -> FsType:
     """Detect ``path``'s filesystem; log one warning per directory and process if it is network."""
     found = detect(path)

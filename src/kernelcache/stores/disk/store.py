@@ -18,7 +18,7 @@ import functools
 import os
 import stat
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kernelcache import fstype
 from kernelcache._fs import unique, write_new
@@ -209,6 +209,10 @@ class DiskStore(Store):
             on_error=lambda: self._count("errors"),
             leases=self.filesystem.network,
         )
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, identity, and the filesystem the directory is on (``nfs4 (network)``)."""
+        return {**super().stats(), "filesystem": str(self.filesystem)}
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
