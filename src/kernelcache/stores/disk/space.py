@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kernelcache.stores.base import is_valid_key
+from kernelcache.stores.disk.cleaner import Cleaner
 from kernelcache.stores.disk.layout import (
     Layout,
     remove_tree,
@@ -115,6 +116,7 @@ class Space:
         self._count = count
         self._caps = caps
         self.lock = TierLock(layout, network=network)
+        self.cleaner = Cleaner(self)
         self._pid = os.getpid()
         self._doomed: list[str] = []
         self._leftover: list[str] = []
@@ -144,6 +146,7 @@ class Space:
         finally:
             pending, self._leftover = self._leftover + doomed, []
             self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
+        self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
     # Changes -------------------------------------------------------------
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
@@ -246,11 +249,11 @@ class Space:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
                 os.link(trash, path)
             return False
-        freed = st.st_size + self._take(self.layout.key_folder(key, shard))
+        freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
-    def _take(self, folder: str) -> int:
+    def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
         try:
@@ -273,7 +276,7 @@ class Space:
                         return  # replaced since it was examined: not the damaged one
                 except FileNotFoundError:
                     return
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
 
     def add_extraction(self, key: str, staged: str, tag: str, size: int) -> bool:
         """Move the folder ``staged`` into place as version ``tag`` of ``key``'s copies.
@@ -297,7 +300,7 @@ class Space:
             folder = self.layout.key_folder(key, shard)
             self.layout.sub_folder(folder, create=True)
             freed = sum(
-                self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
+                self.take_folder(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
             )
             tally.add(size - freed, 0)
             try:
@@ -318,11 +321,23 @@ class Space:
             max_entries is not None and tally.entries > max_entries
         )
 
-    def _above_target(self, tally: Tally) -> bool:
+    def above_target(self, tally: Tally) -> bool:
+        """Whether the tier is above ``LOW_WATER`` of a cap (eviction goes on)."""
+        return self.excess(tally) != (0, 0)
+
+    def excess(self, tally: Tally) -> tuple[int, int]:
+        """``(bytes, entries)`` by which the tier is above ``LOW_WATER`` of its caps."""
         max_bytes, max_entries = self._caps()
-        return (max_bytes is not None and tally.bytes > max_bytes * LOW_WATER) or (
-            max_entries is not None and tally.entries > max_entries - max_entries // 100
-        )
+        over_bytes = over_entries = 0
+        if max_bytes is not None and tally.bytes > max_bytes * LOW_WATER:
+            over_bytes = max(1, tally.bytes - int(max_bytes * LOW_WATER))
+        if max_entries is not None:
+            over_entries = max(0, tally.entries - (max_entries - max_entries // 100))
+        return over_bytes, over_entries
+
+    def count_event(self, name: str, amount: int) -> None:
+        """Record an event in the store's counters (``evictions``, ``errors``)."""
+        self._count(name, amount)
 
     def clean(self, tally: Tally) -> None:
         """If the tier is over a cap, evict its least recently used entries to ``LOW_WATER``.
@@ -331,6 +346,9 @@ class Space:
         the cleaning has succeeded, and the next change cleans again.
         """
         if not self.over(tally):
+            return
+        if self.lock.network:
+            self.cleaner.request()  # once the lock is released: see stores/disk/cleaner.py
             return
         try:
             self._evict(tally)
@@ -344,7 +362,7 @@ class Space:
         for _pass in range(2):
             candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
             try:
-                while self._above_target(tally):
+                while self.above_target(tally):
                     candidate = next(candidates, None)
                     if candidate is None:
                         break
@@ -372,7 +390,7 @@ class Space:
         """A shard's entries for its queue; extraction folders of gone entries are removed."""
         found, orphans = scan_shard(self.layout, shard)
         for folder in orphans:
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
         return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
 
     def recount_locked(self, tally: Tally) -> tuple[int, int]:
@@ -381,7 +399,7 @@ class Space:
         for shard in shards():
             found, orphans = scan_shard(self.layout, shard)
             for folder in orphans:
-                self._take(folder)  # not counted below, so not subtracted either
+                self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
             count += len(found)
         tally.set(size, count)
