@@ -1,0 +1,170 @@
+"""One process of the shared-filesystem stress (tests/test_netfs_modes.py, benchmarks/bench_netfs.py).
+
+    python netfs_worker.py KIND DIR OPS KEYS CAP SEED GO COMPILE_MS
+
+Asks a cache of kind KIND (``kernelcache``, ``triton`` or ``diskcache``) in DIR
+for OPS random keys out of KEYS, compiling a miss (a sleep of COMPILE_MS, then
+the key's known bytes) and putting it, under a cap of CAP bytes where the
+cache has one. Starts when the file GO exists (children.wait_for), then
+prints one JSON line: calls, wrong bytes returned, exceptions that reached
+the caller (by type and errno), compiles per key.
+
+Every exception out of the cache is counted, whatever its type: that it
+reached the caller is the finding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from children import wait_for
+
+ARTIFACT = "kernel.cubin"
+
+
+def key_name(i: int) -> str:
+    return hashlib.sha256(f"netfs-key-{i}".encode()).hexdigest()
+
+
+def value_of(key: str) -> bytes:
+    """The bytes a compile of ``key`` gives: 4 to 11 KiB, known to every process."""
+    size = 4096 * (1 + int(key[:2], 16) % 2) + 1024 * (int(key[2:4], 16) % 4)
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+Compile = Callable[[], bytes]
+
+
+class Kernelcache:
+    """``kernelcache.Cache`` over one DiskStore with a byte cap: ``get_or_compile``."""
+
+    def __init__(self, path: str, cap: int) -> None:
+        from kernelcache import Cache, Entry
+        from kernelcache.stores import DiskStore
+
+        self._entry = Entry
+        self.cache = Cache([DiskStore(path, max_bytes=cap)])
+
+    def get_or_compile(self, key: str, compile_fn: Compile) -> bytes:
+        entry = self.cache.get_or_compile(key, lambda: self._entry({ARTIFACT: compile_fn()}))
+        return entry[ARTIFACT]
+
+
+class Triton:
+    """Triton's ``FileCacheManager`` as Triton's compiler uses it: a group lookup, else compile and put."""
+
+    def __init__(self, path: str, cap: int) -> None:
+        os.environ["TRITON_CACHE_DIR"] = path  # no cap: Triton never evicts
+        from triton.runtime.cache import FileCacheManager
+
+        self.manager = FileCacheManager
+
+    def get_or_compile(self, key: str, compile_fn: Compile) -> bytes:
+        manager = self.manager(key)
+        group = manager.get_group(f"{key}.json")
+        if group is not None and ARTIFACT in group:
+            with open(group[ARTIFACT], "rb") as f:
+                data: bytes = f.read()
+            return data
+        data = compile_fn()
+        path = manager.put(data, ARTIFACT, binary=True)
+        manager.put_group(f"{key}.json", {ARTIFACT: path})
+        return data
+
+
+class DiskCache:
+    """``diskcache.Cache`` with ``size_limit``: get, else compile and set."""
+
+    def __init__(self, path: str, cap: int) -> None:
+        import diskcache
+
+        self.cache = diskcache.Cache(path, size_limit=cap)
+
+    def get_or_compile(self, key: str, compile_fn: Compile) -> bytes:
+        data = self.cache.get(key)
+        if isinstance(data, bytes):
+            return data
+        data = compile_fn()
+        self.cache.set(key, data)
+        return data
+
+
+KINDS: dict[str, Callable[[str, int], Any]] = {
+    "kernelcache": Kernelcache,
+    "triton": Triton,
+    "diskcache": DiskCache,
+}
+
+
+def describe(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None)
+    name = os.strerror(code) if isinstance(code, int) else str(exc)[:80]
+    return f"{type(exc).__name__}: {name}"
+
+
+def run(
+    kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float
+) -> dict[str, Any]:
+    """First every key once, in the same order in every process (a stampede: the
+    compiles per key count there), then ``ops`` random keys (churn under the cap)."""
+    rnd = random.Random(seed)
+    compiles: Counter[str] = Counter()
+    escaped: Counter[str] = Counter()
+    wrong = 0
+    try:
+        cache = KINDS[kind](path, cap)
+    except Exception as exc:  # opening the cache is part of what the caller sees
+        return {
+            "calls": 0,
+            "wrong": 0,
+            "escaped": {describe(exc): 1},
+            "stampede": {},
+            "compiles": {},
+        }
+    order = [key_name(i) for i in range(keys)] + [key_name(rnd.randrange(keys)) for _ in range(ops)]
+    stampede: dict[str, int] = {}
+    for n, key in enumerate(order):
+        if n == keys:
+            stampede = dict(compiles)
+
+        def compile_fn(key: str = key) -> bytes:
+            compiles[key] += 1
+            time.sleep(compile_ms / 1000)
+            return value_of(key)
+
+        try:
+            data = cache.get_or_compile(key, compile_fn)
+        except Exception as exc:  # every exception that reaches the caller is counted
+            escaped[describe(exc)] += 1
+            continue
+        wrong += data != value_of(key)
+    if len(order) == keys:
+        stampede = dict(compiles)
+    return {
+        "calls": len(order),
+        "wrong": wrong,
+        "escaped": dict(escaped),
+        "stampede": stampede,
+        "compiles": dict(compiles),
+    }
+
+
+def main(argv: list[str]) -> None:
+    kind, path, ops, keys, cap, seed, go, compile_ms = argv
+    wait_for(go)
+    report = run(kind, path, int(ops), int(keys), int(cap), int(seed), float(compile_ms))
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
