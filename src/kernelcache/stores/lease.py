@@ -52,6 +52,7 @@ NO_FLOCK = frozenset({errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _RECORD_MAX = 512
+_TRANSIENT = frozenset({errno.ESTALE, errno.EIO, errno.EBUSY, errno.EINTR})
 _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
 
@@ -145,10 +146,21 @@ class LeaseLock:
         poll = _FIRST_POLL
         seen: bytes | None = None
         seen_at = time.monotonic()
+        failures = 0
         while True:
-            if self._create():
-                return True
-            record = read_record(self.path)
+            try:
+                if self._create():
+                    return True
+                record = read_record(self.path)
+            except OSError as exc:
+                # ESTALE/EIO from a server that answers the next request: retried
+                # (after a pause), as a lock that is not ours yet; a third one in a row raises.
+                failures += 1
+                if exc.errno not in _TRANSIENT or failures >= 3:
+                    raise
+                time.sleep(poll)
+                continue
+            failures = 0
             now = time.monotonic()
             if record != seen:
                 seen, seen_at = record, now  # renewed (or a new holder): its lease restarts
@@ -191,9 +203,11 @@ class LeaseLock:
             beat += 1
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                self.lost = True
+            except FileNotFoundError:
+                self.lost = True  # removed: taken over
                 return
+            except OSError:
+                continue  # ESTALE/EIO: the next beat tries again, well within the lease
             try:
                 # Checked through the very descriptor written to: a successor's
                 # file that replaced ours is never overwritten.
@@ -224,12 +238,16 @@ class LeaseLock:
             self._renewer.join(self.lease)  # no beat may land between our check and removal
             self._renewer = None
         nonce = self._nonce
-        try:
-            if not take(self.path, lambda record: _owned(record, nonce)):
-                self.lost = True
-        except OSError:
-            if self._on_error is not None:
-                self._on_error()
+        for attempt in range(2):  # one retry: a lease left behind stalls every waiter
+            try:
+                if not take(self.path, lambda record: _owned(record, nonce)):
+                    self.lost = True
+                return
+            except OSError:
+                if self._on_error is not None:
+                    self._on_error()
+                if attempt == 0:
+                    time.sleep(_FIRST_POLL)
 
 
 def _owned(record: bytes | None, nonce: str) -> bool:

@@ -148,6 +148,11 @@ class Space:
             self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
         self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
+    def discard(self, path: str) -> None:
+        """Delete ``path`` in staging now, or after a later change if it cannot go now."""
+        if not remove_tree(path) and len(self._leftover) < _LEFTOVER_MAX:
+            self._leftover.append(path)
+
     # Changes -------------------------------------------------------------
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
         """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
@@ -190,8 +195,7 @@ class Space:
         except BaseException:
             tally.add(-size, -1)
             raise
-        with contextlib.suppress(OSError):  # a leftover link in staging is swept later
-            os.unlink(tmp)
+        self.discard(tmp)
 
     def _replace(self, tally: Tally, tmp: str, path: str, size: int) -> None:
         mine = os.lstat(tmp).st_ino
@@ -208,8 +212,7 @@ class Space:
                 os.close(fd)
             if st.st_ino == mine:  # our own link, its reply lost and retried: done
                 tally.add(size, 1)
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                self.discard(tmp)
                 return
             old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
         grows = max(size - old, 0)

@@ -39,7 +39,6 @@ from kernelcache.stores.disk.layout import (
     SUFFIX,
     Layout,
     UnsafeDirectory,
-    remove_tree,
     scan_shard,
     shard_of,
     shards,
@@ -349,7 +348,7 @@ class DiskStore(Store):
             self.space.publish(tmp, key, shard, size)
         except OSError as exc:
             self._count("errors")
-            remove_tree(tmp)  # it may not exist yet (open failed) or any more (renamed)
+            self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
         self._count("puts")
         self._count("bytes_written", size)
