@@ -52,6 +52,10 @@ NO_FLOCK = frozenset({errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _RECORD_MAX = 512
+#: What a holder whose release failed writes into its lease: waiters take it at once.
+_FREE = b"free\n"
+# Nonces of the leases this process holds now.
+_held: set[str] = set()
 _TRANSIENT = frozenset({errno.ESTALE, errno.EIO, errno.EBUSY, errno.EINTR})
 _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
@@ -92,16 +96,23 @@ def read_record(path: str) -> bytes | None:
 
 
 def dead_here(record: bytes) -> bool:
-    """Whether ``record`` names a process of this machine (this boot) that is gone."""
+    """Whether ``record`` names no live holder: a process of this machine (this boot) that is
+    gone, a lease of this very process that it no longer holds (its release failed), or a
+    lease its holder marked free."""
+    if record == _FREE:
+        return True
     fields = record.split(b" ")
     if len(fields) < 5 or fields[0].decode(errors="replace") != _HOST:
         return False
     if fields[1].decode(errors="replace") != _BOOT:
         return True  # this host, an earlier boot: every process of it is gone
     try:
-        return not _alive(int(fields[2]))
+        pid = int(fields[2])
     except ValueError:
         return False
+    if pid == os.getpid():
+        return fields[3].decode(errors="replace") not in _held
+    return not _alive(pid)
 
 
 class LeaseLock:
@@ -186,6 +197,7 @@ class LeaseLock:
         finally:
             os.close(fd)  # close flushes it to the server: others read it on open
         self._nonce, self.lost = nonce, False
+        _held.add(nonce)
         stop = self._stop = threading.Event()
         self._renewer = threading.Thread(
             target=self._renew, args=(stop, nonce), name="kernelcache-lease", daemon=True
@@ -238,7 +250,9 @@ class LeaseLock:
             self._renewer.join(self.lease)  # no beat may land between our check and removal
             self._renewer = None
         nonce = self._nonce
-        for attempt in range(2):  # one retry: a lease left behind stalls every waiter
+        _held.discard(nonce)
+        pause = _FIRST_POLL
+        for _attempt in range(3):  # a lease left behind stalls every waiter: retried
             try:
                 if not take(self.path, lambda record: _owned(record, nonce)):
                     self.lost = True
@@ -246,8 +260,24 @@ class LeaseLock:
             except OSError:
                 if self._on_error is not None:
                     self._on_error()
-                if attempt == 0:
-                    time.sleep(_FIRST_POLL)
+            time.sleep(pause)  # EBUSY while another client has it open for a moment
+            pause *= 2
+        self._mark_free(nonce)
+
+    def _mark_free(self, nonce: str) -> None:
+        """Say in the file itself that the lease is free (writing needs no rename)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return  # the lease then expires
+        try:
+            if _owned(os.pread(fd, _RECORD_MAX, 0), nonce):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _FREE, 0)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
 
 
 def _owned(record: bytes | None, nonce: str) -> bool:
