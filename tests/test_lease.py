@@ -9,6 +9,7 @@ an exact space counter under a cap.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -264,3 +265,41 @@ def test_eviction_on_a_network_filesystem_holds_the_lock_briefly(
         assert (max(holds) < 40) is network, max(holds)
     finally:
         fstype.forget()
+
+
+def test_a_lease_whose_release_failed_does_not_stall_waiters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EBUSY on every rename (GPFS, while another client has the file open): the
+    # holder cannot remove its lease, so it marks it free; no waiter sits out the lease.
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    real_rename = os.rename
+
+    def busy(src: str, dst: str) -> None:
+        raise OSError(errno.EBUSY, "busy")
+
+    monkeypatch.setattr(os, "rename", busy)
+    holder.release()
+    assert read_record(path) == b"free\n"
+    monkeypatch.setattr(os, "rename", real_rename)
+    waiter = LeaseLock(path, lease=3600)
+    assert waiter.acquire(0)
+    waiter.release()
+
+
+def test_a_lease_this_process_no_longer_holds_is_taken_at_once(tmp_path: Path) -> None:
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    left = read_record(path)
+    holder.release()
+    assert left is not None
+    with open(path, "wb") as f:  # as if the release had failed and the mark too
+        f.write(left)
+    assert dead_here(left)
+    waiter = LeaseLock(path, lease=3600)
+    assert waiter.acquire(0)
+    assert not dead_here(read_record(path) or b"")
+    waiter.release()
