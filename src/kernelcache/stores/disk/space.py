@@ -2,7 +2,7 @@
 
 ``v1/space`` holds the bytes (entry files plus extracted copies) and the
 entry count of the whole tier, with a checksum. Every change to the tree's
-contents happens under an ``flock`` on it: a put publishes (renames) its
+contents happens under its lock: a put publishes (renames) its
 entry and adds its size, a removal renames the entry away and subtracts
 what it freed, an extraction adds its copies. So the counter is exact, a put
 never scans the cache, and the cap is checked against the whole tier.
@@ -13,7 +13,11 @@ low: the tier may keep less than its cap, never more. A missing or damaged
 counter file (deleted, cut, replaced by garbage or a symlink) is rebuilt
 by a full recount before anything is added to it.
 
-Eviction (:meth:`Space.clean`) runs when a change takes the tier over a cap:
+The lock is :mod:`.tierlock` (``flock``, or a lease on a network filesystem,
+where new entries are published with ``link()``: :mod:`.netpublish`).
+
+Eviction (:meth:`Space.clean`) runs when a change takes the tier over a cap
+(on a network filesystem after the lock is released: :mod:`.cleaner`):
 least recently used entries of the whole tier (:mod:`.lru`) are removed,
 each by a rename into staging and an inode check (an entry published after
 the eviction chose its victim is put back), until the tier is at
@@ -42,6 +46,7 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
+from kernelcache.stores.disk.netpublish import link_in
 from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
@@ -159,7 +164,7 @@ class Space:
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
             if self.lock.network:
-                self._link_in(tally, tmp, path, size)
+                link_in(tally, tmp, path, size, self.discard)
                 self.clean(tally)
                 return
             try:
@@ -180,50 +185,6 @@ class Space:
             if size < old:
                 tally.add(size - old, 0)
             self.clean(tally)
-
-    def _link_in(self, tally: Tally, tmp: str, path: str, size: int) -> None:
-        """Publish on a network filesystem, where ``lstat`` may answer from a cache that
-        lags another node (no entry, or the inode it replaced): ``link()`` asks the
-        server whether the name is taken, so the counter stays exact."""
-        tally.add(size, 1)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            tally.add(-size, -1)
-            self._replace(tally, tmp, path, size)
-            return
-        except BaseException:
-            tally.add(-size, -1)
-            raise
-        self.discard(tmp)
-
-    def _replace(self, tally: Tally, tmp: str, path: str, size: int) -> None:
-        mine = os.lstat(tmp).st_ino
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError as exc:  # gone meanwhile, or a link (replaced, never followed)
-            if exc.errno not in (errno.ENOENT, errno.ELOOP):
-                raise
-            old, new = 0, 1
-        else:
-            try:
-                st = os.fstat(fd)  # after an open: close-to-open revalidated it
-            finally:
-                os.close(fd)
-            if st.st_ino == mine:  # our own link, its reply lost and retried: done
-                tally.add(size, 1)
-                self.discard(tmp)
-                return
-            old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
-        grows = max(size - old, 0)
-        tally.add(grows, new)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            tally.add(-grows, -new)
-            raise
-        if size < old:
-            tally.add(size - old, 0)
 
     def remove(self, key: str, expect_ino: int | None = None) -> bool:
         """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``."""
