@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import is_valid_key
@@ -35,9 +35,39 @@ from kernelcache.stores.lockfile import FileFlightLock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from contextlib import AbstractContextManager
 
-    from kernelcache.stores.disk.lru import Candidate, Record
-    from kernelcache.stores.disk.space import Space, Tally
+    from kernelcache.stores.disk.layout import Layout
+    from kernelcache.stores.disk.lru import Candidate, Queues, Record
+
+
+class Tally(Protocol):
+    """The space counter while its lock is held (:class:`.space.Tally`)."""
+
+    def add(self, delta_bytes: int, delta_entries: int) -> None: ...
+
+
+class Space(Protocol):
+    """What the cleaner needs of the tier's :class:`.space.Space` (a protocol: no import
+    cycle; the counter is its own :class:`.space.Tally`)."""
+
+    layout: Layout
+    queues: Queues
+
+    def locked(self) -> AbstractContextManager[Tally]: ...
+
+    def excess(self, tally: Any) -> tuple[int, int]: ...
+
+    def above_target(self, tally: Any) -> bool: ...
+
+    def recount_locked(self, tally: Any) -> tuple[int, int]: ...
+
+    def remove_locked(self, tally: Any, key: str, shard: str, expect_ino: int | None) -> bool: ...
+
+    def take_folder(self, folder: str) -> int: ...
+
+    def count_event(self, name: str, amount: int) -> None: ...
+
 
 #: How long a change waits for another process's cleaning before it cleans itself.
 CLEAN_WAIT = 60.0

@@ -14,12 +14,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kernelcache.stores.disk.space import Tally
+
+class Tally(Protocol):
+    """The space counter while its lock is held (:class:`.space.Tally`)."""
+
+    def add(self, delta_bytes: int, delta_entries: int) -> None: ...
 
 
 def link_in(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[str], None]) -> None:
