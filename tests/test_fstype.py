@@ -142,3 +142,23 @@ def test_stats_shows_the_filesystem(tmp_path: Path) -> None:
     assert report["filesystem"] == {"type": expected.name, "network": False}
     human = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
     assert f"(on {expected.name})" in human.splitlines()[0]
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["local", "network"])
+def test_a_network_stat_never_pins_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh: None, network: bool
+) -> None:
+    """Extracted copies (and every other memo keyed by a stat signature) are re-read on a
+    network filesystem: another node's edit may not show in a stat there."""
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # files written here are seconds old
+    if network:
+        fstype.assume(str(tmp_path), "nfs4")
+    path = tmp_path / "kernel.cubin"
+    path.write_bytes(b"verified")
+    pins: dict[str, tuple[int, int, int, int, int]] = {}
+    assert _fs.holds(str(path), b"verified", pins)
+    assert bool(pins) is not network
+    from kernelcache.triton.pinned import YOUNG, verified_signature
+
+    outcome = verified_signature(str(path), b"verified", time.time_ns())
+    assert (outcome == YOUNG) is network

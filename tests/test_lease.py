@@ -303,3 +303,16 @@ def test_a_lease_this_process_no_longer_holds_is_taken_at_once(tmp_path: Path) -
     assert waiter.acquire(0)
     assert not dead_here(read_record(path) or b"")
     waiter.release()
+
+
+def test_sweep_removes_leases_no_one_renews(tmp_path: Path) -> None:
+    from kernelcache.stores.lockfile import sweep_locks
+
+    old, live = tmp_path / "a.lease", tmp_path / "b.lease"
+    left = tmp_path / "c.lease.0123.taken"
+    for path in (old, live, left):
+        path.write_bytes(b"othernode boot 1 abcd 0\n")
+    for path in (old, left):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    assert sweep_locks(str(tmp_path)) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lease"]

@@ -160,7 +160,7 @@ class LeaseLock:
         failures = 0
         while True:
             try:
-                if self._create():
+                if self._try_create():
                     return True
                 record = read_record(self.path)
             except OSError as exc:
@@ -183,21 +183,37 @@ class LeaseLock:
             time.sleep(min(poll, max(0.0, deadline - now)))
             poll = min(poll * 2, _LAST_POLL)
 
-    def _create(self) -> bool:
-        nonce = unique()
+    def _try_create(self) -> bool:
         try:
-            fd = os.open(self.path, _CREATE, 0o600)
+            return self._create()
         except FileExistsError:
             return False
+
+    def _create(self) -> bool:
+        nonce = unique()
+        # Held before the record exists: another thread of this process must never
+        # judge it a lease this process left behind (see dead_here).
+        _held.add(nonce)
+        try:
+            fd = os.open(self.path, _CREATE, 0o600)
         except FileNotFoundError:
+            _held.discard(nonce)
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             return self._create()
+        except BaseException:  # FileExistsError (held by another) included
+            _held.discard(nonce)
+            raise
         try:
-            os.write(fd, self._record(nonce, 0))
-        finally:
-            os.close(fd)  # close flushes it to the server: others read it on open
+            try:
+                os.write(fd, self._record(nonce, 0))
+            finally:
+                os.close(fd)  # close flushes it to the server: others read it on open
+        except BaseException:
+            _held.discard(nonce)
+            with contextlib.suppress(OSError):  # ours (O_EXCL), with no owner in it
+                os.unlink(self.path)
+            raise
         self._nonce, self.lost = nonce, False
-        _held.add(nonce)
         stop = self._stop = threading.Event()
         self._renewer = threading.Thread(
             target=self._renew, args=(stop, nonce), name="kernelcache-lease", daemon=True
