@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -106,9 +107,10 @@ KINDS: dict[str, Callable[[str, int], Any]] = {
 
 
 def describe(exc: BaseException) -> str:
+    """The exception's type and errno, or its message without the quoted keys and paths."""
     code = getattr(exc, "errno", None)
-    name = os.strerror(code) if isinstance(code, int) else str(exc)[:80]
-    return f"{type(exc).__name__}: {name}"
+    text = os.strerror(code) if isinstance(code, int) else re.sub(r"'[^']*'", "...", str(exc))[:60]
+    return f"{type(exc).__name__}: {text}"
 
 
 def run(
