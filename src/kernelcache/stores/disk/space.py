@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import struct
-import threading
 from typing import TYPE_CHECKING
 
 import xxhash
 
 from kernelcache.stores.base import is_valid_key
+from kernelcache.stores.disk.cleaner import Cleaner
 from kernelcache.stores.disk.layout import (
     Layout,
     remove_tree,
@@ -43,6 +42,7 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
+from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -55,6 +55,8 @@ LOW_WATER = 0.99
 _MAGIC = b"KCSPACE1"
 _TALLY = struct.Struct("<8sqqQ")  # magic, bytes, entries, xxh64 of the fields before it
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Staged deletions that failed (EBUSY) remembered for a retry, at most.
+_LEFTOVER_MAX = 1024
 
 
 def _pack(size: int, count: int) -> bytes:
@@ -106,81 +108,60 @@ class Space:
         layout: Layout,
         count: Callable[[str, int], None],
         caps: Callable[[], tuple[int | None, int | None]],
+        *,
+        network: bool = False,
     ) -> None:
         self.layout = layout
         self.queues = Queues(layout.lru, shards(), layout.staging)
         self._count = count
         self._caps = caps
-        self._fd: int | None = None
-        self._id: tuple[int, int] | None = None
+        self.lock = TierLock(layout, network=network)
+        self.cleaner = Cleaner(self)
         self._pid = os.getpid()
-        self._lock = threading.Lock()
         self._doomed: list[str] = []
+        self._leftover: list[str] = []
 
     # The lock ------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[Tally]:
         """Hold the tier's space lock; yields the counter (recounted first if it was lost).
 
-        flock belongs to the open file description: threads sharing the
-        descriptor are not excluded by it (hence the thread lock), and a
-        forked child shares it with its parent (hence a new one after fork).
-        What was renamed into staging meanwhile is deleted after the lock is released.
+        What was renamed into staging meanwhile is deleted after the lock is
+        released (nobody waits for the deletions); a folder that cannot go now
+        (``EBUSY``: a file in it still open on another NFS client) is retried
+        after a later change, and swept by the next store open.
         """
         if self._pid != os.getpid():
-            self._fd, self._id, self._pid = None, None, os.getpid()
-            self._lock, self._doomed = threading.Lock(), []
+            self._pid, self._doomed, self._leftover = os.getpid(), [], []
         doomed: list[str] = []
         try:
-            with self._lock:
-                fd = self._lock_file()
+            with self.lock.held() as fd:
                 try:
                     tally = Tally(fd)
                     if not tally.valid:
                         self.recount_locked(tally)
                     yield tally
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
                     doomed, self._doomed = self._doomed, []
         finally:
-            for path in doomed:  # after the locks: nobody waits for the deletions
-                remove_tree(path)
+            pending, self._leftover = self._leftover + doomed, []
+            self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
+        self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
-    def _lock_file(self) -> int:
-        """Lock the counter file that the path names now (it may have been removed or replaced)."""
-        while True:
-            if self._fd is None:
-                self._fd = self._open()
-                st = os.fstat(self._fd)
-                self._id = (st.st_dev, st.st_ino)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                st = os.lstat(self.layout.space)
-                if (st.st_dev, st.st_ino) == self._id:
-                    return self._fd
-            except FileNotFoundError:
-                pass
-            # Deleted or replaced since we opened it: our lock guards nothing. Start over.
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def _open(self) -> int:
-        try:
-            return os.open(self.layout.space, _OPEN, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-        # A symlink: following it would write outside the cache. Refused, removed, recreated.
-        self.layout.refused()
-        os.unlink(self.layout.space)
-        return os.open(self.layout.space, _OPEN | os.O_EXCL, 0o600)
+    def discard(self, path: str) -> None:
+        """Delete ``path`` in staging now, or after a later change if it cannot go now."""
+        if not remove_tree(path) and len(self._leftover) < _LEFTOVER_MAX:
+            self._leftover.append(path)
 
     # Changes -------------------------------------------------------------
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
         """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
+            if self.lock.network:
+                self._link_in(tally, tmp, path, size)
+                self.clean(tally)
+                return
             try:
                 st = os.lstat(path)
                 old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
@@ -199,6 +180,50 @@ class Space:
             if size < old:
                 tally.add(size - old, 0)
             self.clean(tally)
+
+    def _link_in(self, tally: Tally, tmp: str, path: str, size: int) -> None:
+        """Publish on a network filesystem, where ``lstat`` may answer from a cache that
+        lags another node (no entry, or the inode it replaced): ``link()`` asks the
+        server whether the name is taken, so the counter stays exact."""
+        tally.add(size, 1)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            tally.add(-size, -1)
+            self._replace(tally, tmp, path, size)
+            return
+        except BaseException:
+            tally.add(-size, -1)
+            raise
+        self.discard(tmp)
+
+    def _replace(self, tally: Tally, tmp: str, path: str, size: int) -> None:
+        mine = os.lstat(tmp).st_ino
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:  # gone meanwhile, or a link (replaced, never followed)
+            if exc.errno not in (errno.ENOENT, errno.ELOOP):
+                raise
+            old, new = 0, 1
+        else:
+            try:
+                st = os.fstat(fd)  # after an open: close-to-open revalidated it
+            finally:
+                os.close(fd)
+            if st.st_ino == mine:  # our own link, its reply lost and retried: done
+                tally.add(size, 1)
+                self.discard(tmp)
+                return
+            old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+        grows = max(size - old, 0)
+        tally.add(grows, new)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            tally.add(-grows, -new)
+            raise
+        if size < old:
+            tally.add(size - old, 0)
 
     def remove(self, key: str, expect_ino: int | None = None) -> bool:
         """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``."""
@@ -227,11 +252,11 @@ class Space:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
                 os.link(trash, path)
             return False
-        freed = st.st_size + self._take(self.layout.key_folder(key, shard))
+        freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
-    def _take(self, folder: str) -> int:
+    def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
         try:
@@ -254,7 +279,7 @@ class Space:
                         return  # replaced since it was examined: not the damaged one
                 except FileNotFoundError:
                     return
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
 
     def add_extraction(self, key: str, staged: str, tag: str, size: int) -> bool:
         """Move the folder ``staged`` into place as version ``tag`` of ``key``'s copies.
@@ -278,7 +303,7 @@ class Space:
             folder = self.layout.key_folder(key, shard)
             self.layout.sub_folder(folder, create=True)
             freed = sum(
-                self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
+                self.take_folder(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
             )
             tally.add(size - freed, 0)
             try:
@@ -299,11 +324,23 @@ class Space:
             max_entries is not None and tally.entries > max_entries
         )
 
-    def _above_target(self, tally: Tally) -> bool:
+    def above_target(self, tally: Tally) -> bool:
+        """Whether the tier is above ``LOW_WATER`` of a cap (eviction goes on)."""
+        return self.excess(tally) != (0, 0)
+
+    def excess(self, tally: Tally) -> tuple[int, int]:
+        """``(bytes, entries)`` by which the tier is above ``LOW_WATER`` of its caps."""
         max_bytes, max_entries = self._caps()
-        return (max_bytes is not None and tally.bytes > max_bytes * LOW_WATER) or (
-            max_entries is not None and tally.entries > max_entries - max_entries // 100
-        )
+        over_bytes = over_entries = 0
+        if max_bytes is not None and tally.bytes > max_bytes * LOW_WATER:
+            over_bytes = max(1, tally.bytes - int(max_bytes * LOW_WATER))
+        if max_entries is not None:
+            over_entries = max(0, tally.entries - (max_entries - max_entries // 100))
+        return over_bytes, over_entries
+
+    def count_event(self, name: str, amount: int) -> None:
+        """Record an event in the store's counters (``evictions``, ``errors``)."""
+        self._count(name, amount)
 
     def clean(self, tally: Tally) -> None:
         """If the tier is over a cap, evict its least recently used entries to ``LOW_WATER``.
@@ -312,6 +349,9 @@ class Space:
         the cleaning has succeeded, and the next change cleans again.
         """
         if not self.over(tally):
+            return
+        if self.lock.network:
+            self.cleaner.request()  # once the lock is released: see stores/disk/cleaner.py
             return
         try:
             self._evict(tally)
@@ -325,7 +365,7 @@ class Space:
         for _pass in range(2):
             candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
             try:
-                while self._above_target(tally):
+                while self.above_target(tally):
                     candidate = next(candidates, None)
                     if candidate is None:
                         break
@@ -353,7 +393,7 @@ class Space:
         """A shard's entries for its queue; extraction folders of gone entries are removed."""
         found, orphans = scan_shard(self.layout, shard)
         for folder in orphans:
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
         return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
 
     def recount_locked(self, tally: Tally) -> tuple[int, int]:
@@ -362,7 +402,7 @@ class Space:
         for shard in shards():
             found, orphans = scan_shard(self.layout, shard)
             for folder in orphans:
-                self._take(folder)  # not counted below, so not subtracted either
+                self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
             count += len(found)
         tally.set(size, count)
@@ -397,6 +437,4 @@ class Space:
         return count, size
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
+        self.lock.close()
