@@ -7,7 +7,7 @@ for OPS random keys out of KEYS, compiling a miss (a sleep of COMPILE_MS, then
 the key's known bytes) and putting it, under a cap of CAP bytes where the
 cache has one. Starts when the file GO exists (children.wait_for), then
 prints one JSON line: calls, wrong bytes returned, exceptions that reached
-the caller (by type and errno), compiles per key.
+the caller (by type and errno), compiles per key (of the stampede, and all).
 
 Every exception out of the cache is counted, whatever its type: that it
 reached the caller is the finding.
@@ -31,13 +31,18 @@ from children import wait_for
 ARTIFACT = "kernel.cubin"
 
 
-def key_name(i: int) -> str:
-    return hashlib.sha256(f"netfs-key-{i}".encode()).hexdigest()
+def key_name(i: int, phase: str = "churn") -> str:
+    return hashlib.sha256(f"netfs-{phase}-{i}".encode()).hexdigest()
 
 
-def value_of(key: str) -> bytes:
-    """The bytes a compile of ``key`` gives: 4 to 11 KiB, known to every process."""
-    size = 4096 * (1 + int(key[:2], 16) % 2) + 1024 * (int(key[2:4], 16) % 4)
+#: The stampede's values are small, so that no eviction can make a late process
+#: compile a key again: every compile past the first is single-flight's failure.
+STAMPEDE_SIZE = 256
+
+
+def value_of(key: str, size: int = 0) -> bytes:
+    """The bytes a compile of ``key`` gives: ``size`` bytes, else 4 to 11 KiB; known to every process."""
+    size = size or 4096 * (1 + int(key[:2], 16) % 2) + 1024 * (int(key[2:4], 16) % 4)
     seed = hashlib.sha256(key.encode()).digest()
     return (seed * (size // len(seed) + 1))[:size]
 
@@ -116,7 +121,7 @@ def describe(exc: BaseException) -> str:
 def run(
     kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float
 ) -> dict[str, Any]:
-    """First every key once, in the same order in every process (a stampede: the
+    """First every stampede key once, in the same order in every process (the
     compiles per key count there), then ``ops`` random keys (churn under the cap)."""
     rnd = random.Random(seed)
     compiles: Counter[str] = Counter()
@@ -132,25 +137,22 @@ def run(
             "stampede": {},
             "compiles": {},
         }
-    order = [key_name(i) for i in range(keys)] + [key_name(rnd.randrange(keys)) for _ in range(ops)]
-    stampede: dict[str, int] = {}
-    for n, key in enumerate(order):
-        if n == keys:
-            stampede = dict(compiles)
+    order = [(key_name(i, "stampede"), STAMPEDE_SIZE) for i in range(keys)]
+    order += [(key_name(rnd.randrange(keys)), 0) for _ in range(ops)]
+    for key, size in order:
 
-        def compile_fn(key: str = key) -> bytes:
+        def compile_fn(key: str = key, size: int = size) -> bytes:
             compiles[key] += 1
             time.sleep(compile_ms / 1000)
-            return value_of(key)
+            return value_of(key, size)
 
         try:
             data = cache.get_or_compile(key, compile_fn)
         except Exception as exc:  # every exception that reaches the caller is counted
             escaped[describe(exc)] += 1
             continue
-        wrong += data != value_of(key)
-    if len(order) == keys:
-        stampede = dict(compiles)
+        wrong += data != value_of(key, size)
+    stampede = {key: compiles[key] for key, size in order[:keys]}
     return {
         "calls": len(order),
         "wrong": wrong,
