@@ -66,6 +66,8 @@ class Result:
     stampede: dict[str, int] = dataclasses.field(default_factory=dict)
     compiles: int = 0
     seconds: float = 0.0
+    #: Each process's stampede compiles (how many keys it compiled), in start order.
+    per_process: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def escaped_total(self) -> int:
@@ -87,6 +89,7 @@ class Result:
         for key, n in report["stampede"].items():
             self.stampede[key] = self.stampede.get(key, 0) + n
         self.compiles += sum(report["compiles"].values())
+        self.per_process.append(sum(report["stampede"].values()))
 
 
 def stress(
