@@ -68,6 +68,8 @@ class Result:
     seconds: float = 0.0
     #: Each process's stampede compiles (how many keys it compiled), in start order.
     per_process: list[int] = dataclasses.field(default_factory=list)
+    #: The disk tier's counters summed over the processes (kernelcache only).
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def escaped_total(self) -> int:
@@ -90,6 +92,8 @@ class Result:
             self.stampede[key] = self.stampede.get(key, 0) + n
         self.compiles += sum(report["compiles"].values())
         self.per_process.append(sum(report["stampede"].values()))
+        for name, n in report.get("counters", {}).items():
+            self.counters[name] = self.counters.get(name, 0) + n
 
 
 def stress(

@@ -58,7 +58,16 @@ class Kernelcache:
         from kernelcache.stores import DiskStore
 
         self._entry = Entry
-        self.cache = Cache([DiskStore(path, max_bytes=cap)])
+        self.store = DiskStore(path, max_bytes=cap)
+        self.cache = Cache([self.store])
+
+    def counters(self) -> dict[str, int]:
+        """The disk tier's integer counters (errors, lock waits, ...), for diagnosis."""
+        return {
+            k: v
+            for k, v in self.store.stats().items()
+            if isinstance(v, int) and not isinstance(v, bool)
+        }
 
     def get_or_compile(self, key: str, compile_fn: Compile) -> bytes:
         entry = self.cache.get_or_compile(key, lambda: self._entry({ARTIFACT: compile_fn()}))
