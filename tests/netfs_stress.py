@@ -126,6 +126,7 @@ def stress(
             str(n),
             go,
             str(compile_ms),
+            str(2 * procs),
         )
         started.append(children.start(WORKER, env, *args))
     _release(go, len(started))

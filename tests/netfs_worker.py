@@ -1,11 +1,13 @@
 """One process of the shared-filesystem stress (tests/test_netfs_modes.py, benchmarks/bench_netfs.py).
 
-    python netfs_worker.py KIND DIR OPS KEYS CAP SEED GO COMPILE_MS
+    python netfs_worker.py KIND DIR OPS KEYS CAP SEED GO COMPILE_MS PROCS
 
 Asks a cache of kind KIND (``kernelcache``, ``triton`` or ``diskcache``) in DIR
 for OPS random keys out of KEYS, compiling a miss (a sleep of COMPILE_MS, then
 the key's known bytes) and putting it, under a cap of CAP bytes where the
-cache has one. Starts when the file GO exists (children.wait_for), then
+cache has one. Starts when the file GO exists (children.wait_for); churns
+only once all PROCS processes are through the stampede (so that no eviction
+makes a late one compile a stampede key again); then
 prints one JSON line: calls, wrong bytes returned, exceptions that reached
 the caller (by type and errno), compiles per key (of the stampede, and all).
 
@@ -128,8 +130,9 @@ def describe(exc: BaseException) -> str:
 
 
 def run(
-    kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float
-) -> dict[str, Any]:
+    kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float,
+    between: Callable[[], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """First every stampede key once, in the same order in every process (the
     compiles per key count there), then ``ops`` random keys (churn under the cap)."""
     rnd = random.Random(seed)
@@ -148,7 +151,9 @@ def run(
         }
     order = [(key_name(i, "stampede"), STAMPEDE_SIZE) for i in range(keys)]
     order += [(key_name(rnd.randrange(keys)), 0) for _ in range(ops)]
-    for key, size in order:
+    for n, (key, size) in enumerate(order):
+        if n == keys and between is not None:
+            between()
 
         def compile_fn(key: str = key, size: int = size) -> bytes:
             compiles[key] += 1
@@ -162,7 +167,9 @@ def run(
             continue
         wrong += data != value_of(key, size)
     stampede = {key: compiles[key] for key, size in order[:keys]}
+    counters = cache.counters() if isinstance(cache, Kernelcache) else {}
     return {
+        "counters": counters,
         "calls": len(order),
         "wrong": wrong,
         "escaped": dict(escaped),
@@ -171,10 +178,27 @@ def run(
     }
 
 
+def barrier(stem: str, count: int, wait: float = 120.0) -> None:
+    """Mark this process through, then wait (at most ``wait`` s: a hung one must not
+    hang the rest) until ``count`` processes are."""
+    with open(f"{stem}.{os.getpid()}", "w"):
+        pass
+    folder, name = os.path.split(stem)
+    deadline = time.monotonic() + wait
+    while (
+        sum(f.startswith(f"{name}.") for f in os.listdir(folder)) < count
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+
+
 def main(argv: list[str]) -> None:
-    kind, path, ops, keys, cap, seed, go, compile_ms = argv
+    kind, path, ops, keys, cap, seed, go, compile_ms, procs = argv
     wait_for(go)
-    report = run(kind, path, int(ops), int(keys), int(cap), int(seed), float(compile_ms))
+    report = run(
+        kind, path, int(ops), int(keys), int(cap), int(seed), float(compile_ms),
+        lambda: barrier(f"{go}.stampede", int(procs)),
+    )  # fmt: skip
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
 
