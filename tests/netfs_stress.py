@@ -66,6 +66,10 @@ class Result:
     stampede: dict[str, int] = dataclasses.field(default_factory=dict)
     compiles: int = 0
     seconds: float = 0.0
+    #: Each process's stampede compiles (how many keys it compiled), in start order.
+    per_process: list[int] = dataclasses.field(default_factory=list)
+    #: The disk tier's counters summed over the processes (kernelcache only).
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def escaped_total(self) -> int:
@@ -87,6 +91,9 @@ class Result:
         for key, n in report["stampede"].items():
             self.stampede[key] = self.stampede.get(key, 0) + n
         self.compiles += sum(report["compiles"].values())
+        self.per_process.append(sum(report["stampede"].values()))
+        for name, n in report.get("counters", {}).items():
+            self.counters[name] = self.counters.get(name, 0) + n
 
 
 def stress(
@@ -119,6 +126,7 @@ def stress(
             str(n),
             go,
             str(compile_ms),
+            str(2 * procs),
         )
         started.append(children.start(WORKER, env, *args))
     _release(go, len(started))

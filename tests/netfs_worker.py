@@ -1,13 +1,15 @@
 """One process of the shared-filesystem stress (tests/test_netfs_modes.py, benchmarks/bench_netfs.py).
 
-    python netfs_worker.py KIND DIR OPS KEYS CAP SEED GO COMPILE_MS
+    python netfs_worker.py KIND DIR OPS KEYS CAP SEED GO COMPILE_MS PROCS
 
 Asks a cache of kind KIND (``kernelcache``, ``triton`` or ``diskcache``) in DIR
 for OPS random keys out of KEYS, compiling a miss (a sleep of COMPILE_MS, then
 the key's known bytes) and putting it, under a cap of CAP bytes where the
-cache has one. Starts when the file GO exists (children.wait_for), then
+cache has one. Starts when the file GO exists (children.wait_for); churns
+only once all PROCS processes are through the stampede (so that no eviction
+makes a late one compile a stampede key again); then
 prints one JSON line: calls, wrong bytes returned, exceptions that reached
-the caller (by type and errno), compiles per key.
+the caller (by type and errno), compiles per key (of the stampede, and all).
 
 Every exception out of the cache is counted, whatever its type: that it
 reached the caller is the finding.
@@ -19,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import sys
 import time
 from collections import Counter
@@ -30,13 +33,18 @@ from children import wait_for
 ARTIFACT = "kernel.cubin"
 
 
-def key_name(i: int) -> str:
-    return hashlib.sha256(f"netfs-key-{i}".encode()).hexdigest()
+def key_name(i: int, phase: str = "churn") -> str:
+    return hashlib.sha256(f"netfs-{phase}-{i}".encode()).hexdigest()
 
 
-def value_of(key: str) -> bytes:
-    """The bytes a compile of ``key`` gives: 4 to 11 KiB, known to every process."""
-    size = 4096 * (1 + int(key[:2], 16) % 2) + 1024 * (int(key[2:4], 16) % 4)
+#: The stampede's values are small, so that no eviction can make a late process
+#: compile a key again: every compile past the first is single-flight's failure.
+STAMPEDE_SIZE = 256
+
+
+def value_of(key: str, size: int = 0) -> bytes:
+    """The bytes a compile of ``key`` gives: ``size`` bytes, else 4 to 11 KiB; known to every process."""
+    size = size or 4096 * (1 + int(key[:2], 16) % 2) + 1024 * (int(key[2:4], 16) % 4)
     seed = hashlib.sha256(key.encode()).digest()
     return (seed * (size // len(seed) + 1))[:size]
 
@@ -52,7 +60,16 @@ class Kernelcache:
         from kernelcache.stores import DiskStore
 
         self._entry = Entry
-        self.cache = Cache([DiskStore(path, max_bytes=cap)])
+        self.store = DiskStore(path, max_bytes=cap)
+        self.cache = Cache([self.store])
+
+    def counters(self) -> dict[str, int]:
+        """The disk tier's integer counters (errors, lock waits, ...), for diagnosis."""
+        return {
+            k: v
+            for k, v in self.store.stats().items()
+            if isinstance(v, int) and not isinstance(v, bool)
+        }
 
     def get_or_compile(self, key: str, compile_fn: Compile) -> bytes:
         entry = self.cache.get_or_compile(key, lambda: self._entry({ARTIFACT: compile_fn()}))
@@ -106,15 +123,17 @@ KINDS: dict[str, Callable[[str, int], Any]] = {
 
 
 def describe(exc: BaseException) -> str:
+    """The exception's type and errno, or its message without the quoted keys and paths."""
     code = getattr(exc, "errno", None)
-    name = os.strerror(code) if isinstance(code, int) else str(exc)[:80]
-    return f"{type(exc).__name__}: {name}"
+    text = os.strerror(code) if isinstance(code, int) else re.sub(r"'[^']*'", "...", str(exc))[:60]
+    return f"{type(exc).__name__}: {text}"
 
 
 def run(
-    kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float
-) -> dict[str, Any]:
-    """First every key once, in the same order in every process (a stampede: the
+    kind: str, path: str, ops: int, keys: int, cap: int, seed: int, compile_ms: float,
+    between: Callable[[], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """First every stampede key once, in the same order in every process (the
     compiles per key count there), then ``ops`` random keys (churn under the cap)."""
     rnd = random.Random(seed)
     compiles: Counter[str] = Counter()
@@ -130,26 +149,27 @@ def run(
             "stampede": {},
             "compiles": {},
         }
-    order = [key_name(i) for i in range(keys)] + [key_name(rnd.randrange(keys)) for _ in range(ops)]
-    stampede: dict[str, int] = {}
-    for n, key in enumerate(order):
-        if n == keys:
-            stampede = dict(compiles)
+    order = [(key_name(i, "stampede"), STAMPEDE_SIZE) for i in range(keys)]
+    order += [(key_name(rnd.randrange(keys)), 0) for _ in range(ops)]
+    for n, (key, size) in enumerate(order):
+        if n == keys and between is not None:
+            between()
 
-        def compile_fn(key: str = key) -> bytes:
+        def compile_fn(key: str = key, size: int = size) -> bytes:
             compiles[key] += 1
             time.sleep(compile_ms / 1000)
-            return value_of(key)
+            return value_of(key, size)
 
         try:
             data = cache.get_or_compile(key, compile_fn)
         except Exception as exc:  # every exception that reaches the caller is counted
             escaped[describe(exc)] += 1
             continue
-        wrong += data != value_of(key)
-    if len(order) == keys:
-        stampede = dict(compiles)
+        wrong += data != value_of(key, size)
+    stampede = {key: compiles[key] for key, size in order[:keys]}
+    counters = cache.counters() if isinstance(cache, Kernelcache) else {}
     return {
+        "counters": counters,
         "calls": len(order),
         "wrong": wrong,
         "escaped": dict(escaped),
@@ -158,10 +178,27 @@ def run(
     }
 
 
+def barrier(stem: str, count: int, wait: float = 120.0) -> None:
+    """Mark this process through, then wait (at most ``wait`` s: a hung one must not
+    hang the rest) until ``count`` processes are."""
+    with open(f"{stem}.{os.getpid()}", "w"):
+        pass
+    folder, name = os.path.split(stem)
+    deadline = time.monotonic() + wait
+    while (
+        sum(f.startswith(f"{name}.") for f in os.listdir(folder)) < count
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+
+
 def main(argv: list[str]) -> None:
-    kind, path, ops, keys, cap, seed, go, compile_ms = argv
+    kind, path, ops, keys, cap, seed, go, compile_ms, procs = argv
     wait_for(go)
-    report = run(kind, path, int(ops), int(keys), int(cap), int(seed), float(compile_ms))
+    report = run(
+        kind, path, int(ops), int(keys), int(cap), int(seed), float(compile_ms),
+        lambda: barrier(f"{go}.stampede", int(procs)),
+    )  # fmt: skip
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
 

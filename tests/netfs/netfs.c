@@ -18,7 +18,7 @@
  * operations); "none" fails every flock with ENOLCK (Lustre without -o flock);
  * "shared" takes the flock on the backing file (locks that span the nodes).
  */
-#define FUSE_USE_VERSION 34
+#define FUSE_USE_VERSION 312 /* 3.12: fuse_session_loop_mt with the opaque loop config */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
