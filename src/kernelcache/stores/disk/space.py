@@ -169,7 +169,7 @@ class Space:
                 return
             try:
                 st = os.lstat(path)
-                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
             except FileNotFoundError:
                 old, new = 0, 1
             # Growth is counted before the rename and shrinkage after it: a crash
@@ -214,7 +214,9 @@ class Space:
                 os.link(trash, path)
             return False
         freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
-        tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
+        # After the removal: a crash leaves it high, not low. An empty file was never
+        # counted: no put writes one (DiskStore._revalidate's probe does).
+        tally.add(-freed, -1 if st.st_size else 0)
         return True
 
     def take_folder(self, folder: str) -> int:
