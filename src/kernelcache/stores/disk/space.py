@@ -214,10 +214,23 @@ class Space:
                 os.link(trash, path)
             return False
         freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
-        # After the removal: a crash leaves it high, not low. An empty file was never
-        # counted: no put writes one (DiskStore._revalidate's probe does).
-        tally.add(-freed, -1 if st.st_size else 0)
+        tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
+
+    def drop_probe(self, key: str, ino: int) -> None:
+        """Remove the empty file a lookup's probe made at ``key`` (``DiskStore._revalidate``),
+        if the name still holds it. Never counted, so nothing is subtracted."""
+        path = self.layout.entry_path(key)
+        with self.locked():
+            trash = self.layout.trash()
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                return
+            self._doomed.append(trash)
+            if os.lstat(trash).st_ino != ino:  # an entry published over it meanwhile
+                with contextlib.suppress(FileExistsError):
+                    os.link(trash, path)
 
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""

@@ -237,7 +237,7 @@ class DiskStore(Store):
             finally:
                 os.close(fd)
             if st.st_size == 0:
-                self.space.remove(key, expect_ino=st.st_ino)
+                self.space.drop_probe(key, st.st_ino)
         except OSError:
             self._count("errors")  # the lookup then misses, as it would have
 
