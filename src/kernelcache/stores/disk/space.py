@@ -217,18 +217,28 @@ class Space:
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
-    def drop_probe(self, key: str, ino: int) -> None:
-        """Remove the empty file a lookup's probe made at ``key`` (``DiskStore._revalidate``),
-        if the name still holds it. Never counted, so nothing is subtracted."""
+    def probe(self, key: str) -> None:
+        """Open ``key``'s entry with ``O_CREAT`` (see ``DiskStore._revalidate``): the server
+        answers, so a name this node saw absent is looked up afresh. The empty file made
+        when there is no entry is removed again at once. Under the lock: no recount or
+        publish ever sees it (it is never counted)."""
         path = self.layout.entry_path(key)
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         with self.locked():
+            fd = os.open(path, flags, 0o600)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if st.st_size:
+                return  # the entry: this node sees it now
             trash = self.layout.trash()
             try:
                 os.rename(path, trash)
             except FileNotFoundError:
                 return
             self._doomed.append(trash)
-            if os.lstat(trash).st_ino != ino:  # an entry published over it meanwhile
+            if os.lstat(trash).st_ino != st.st_ino:  # not ours after all: put back
                 with contextlib.suppress(FileExistsError):
                     os.link(trash, path)
 

@@ -227,17 +227,10 @@ class DiskStore(Store):
         miss and compile again (a miss leads to a compile: these round trips are
         nothing next to it). An ``open`` with ``O_CREAT`` is answered by the
         server: it opens the entry if it is there; if not, the empty file it made
-        (never an entry: not counted) is removed again, that very inode.
+        (never an entry: not counted) is removed again (:meth:`Space.probe`).
         """
-        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            fd = os.open(self.layout.entry_path(key), flags, 0o600)
-            try:
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            if st.st_size == 0:
-                self.space.drop_probe(key, st.st_ino)
+            self.space.probe(key)
         except OSError:
             self._count("errors")  # the lookup then misses, as it would have
 
@@ -313,7 +306,11 @@ class DiskStore(Store):
         corrupt: a short read (a network filesystem's) is not damage, and must not
         remove a good entry. ``(None, 0)`` (counted, removed) if it is damaged."""
         try:
-            return read_entry(fd, os.fstat(fd), key, self.files)
+            st = os.fstat(fd)
+            if st.st_size == 0 and self.filesystem.network:
+                self.counters.misses += 1  # another leader's lookup probe (_revalidate): no entry
+                return None, 0
+            return read_entry(fd, st, key, self.files)
         except CorruptEntry:
             self._corrupt(key, fd)
         except OSError:
