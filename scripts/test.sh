@@ -8,6 +8,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
+if [ -e /dev/fuse ] && { ! command -v fusermount3 >/dev/null 2>&1 || [ ! -e /usr/include/fuse3/fuse_lowlevel.h ]; }; then
+    # The shared-filesystem tests mount a fault-injecting FUSE filesystem (tests/netfs/netfs.c),
+    # compiled by the tests with cc against libfuse3.
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq fuse3 libfuse3-dev >/dev/null
+fi
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/ruff format --check src tests benchmarks
 .venv/bin/mypy

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+import netfs
 from redis_cluster import own_cluster, redis_cluster  # noqa: F401 (fixtures for every test file)
 from redis_proxy import proxy  # noqa: F401
 from redis_server import ns, own_redis, raw, redis_server  # noqa: F401
@@ -33,6 +35,37 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _HOME:
         shutil.rmtree(_HOME["home"], ignore_errors=True)
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[Callable[..., netfs.NetFS]]:
+    """Mount two "nodes" of a fault-injecting network filesystem (tests/netfs.py).
+
+    ``two_nodes(flock="local", faults=Faults())``; everything mounted is
+    unmounted, and its daemons stopped, when the test ends. Skips only where
+    FUSE cannot work here (no /dev/fuse, no permission to mount, no compiler
+    or libfuse3 headers; scripts/test.sh installs the last two).
+    """
+    reason = netfs.unavailable()
+    if reason:
+        pytest.skip(reason)
+    mounted: list[netfs.NetFS] = []
+
+    def mount(flock: str = "local", faults: netfs.Faults = netfs.NO_FAULTS) -> netfs.NetFS:
+        root = tmp_path / f"netfs{len(mounted)}"
+        root.mkdir()
+        try:
+            fs = netfs.NetFS(root, flock, faults)
+        except netfs.MountRefused as exc:
+            pytest.skip(netfs.SKIP_REASON.format(f"mount refused: {exc}"))
+        mounted.append(fs)
+        return fs
+
+    try:
+        yield mount
+    finally:
+        for fs in mounted:
+            fs.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

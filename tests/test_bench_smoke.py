@@ -91,3 +91,35 @@ def test_bench_launcher_smoke(tmp_path: Path) -> None:
     assert proc.stdout.count("python -I -S -c pass") == 2
     assert "kernelcache" in proc.stdout
     assert "timed runs were hits" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_netfs_smoke(tmp_path: Path) -> None:
+    import netfs
+
+    reason = netfs.unavailable()
+    if reason:
+        pytest.skip(reason)
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_netfs.py"),
+            "--smoke",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "| target | verdict |" in proc.stdout
+    result = json.loads(out.read_text())
+    assert {r["cache"] for r in result["stress"]} >= {"kernelcache"}
+    ours = [r for r in result["cost"] if r["cache"] == "kernelcache"]
+    assert [r["attr_ms"] for r in ours] == [0, 1000]
+    assert all(r["hit_round_trips"] > 0 for r in ours)  # the mount counted the hit's requests

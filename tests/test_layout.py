@@ -44,6 +44,7 @@ CORE = (
     "kernelcache.stores",
     "kernelcache.stores.*",
     "kernelcache._fs",
+    "kernelcache.fstype",
     "kernelcache.units",
     "kernelcache.errors",
     "kernelcache._dirs",

@@ -17,6 +17,8 @@ import stat
 import time
 from typing import TYPE_CHECKING
 
+from kernelcache.fstype import network_device
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -48,10 +50,20 @@ def signature(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def too_new(st: os.stat_result, now_ns: int) -> bool:
+def too_new(st: os.stat_result, now_ns: int, *, network: bool = True) -> bool:
     """Whether ``st`` changed too recently (relative to ``now_ns``, ``time.time_ns()``) to
-    vouch for the file's content."""
-    return now_ns - max(st.st_mtime_ns, st.st_ctime_ns) < TOO_NEW_NS
+    vouch for the file's content.
+
+    With ``network`` (the default), a stat from a network filesystem never
+    vouches: another node's write may not show in it for as long as the client
+    caches attributes (NFS ``actimeo``, 3-60 s), so the content is read again
+    (issue 22). Only the toolchain's memo opts out (toolkits on NFS are common,
+    re-probing them per process costs a compile's worth, and they do not change
+    under running jobs).
+    """
+    if now_ns - max(st.st_mtime_ns, st.st_ctime_ns) < TOO_NEW_NS:
+        return True
+    return network and network_device(st.st_dev)
 
 
 def write_new(

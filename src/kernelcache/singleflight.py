@@ -182,16 +182,18 @@ class SingleFlight:
                     held.append(lock)
                 entry = self.lookup(index, key)
                 if entry is not None:
-                    _release(held)
+                    # Landed before the locks go: whatever a release does, the
+                    # key never stays in the table (it would poison it for good).
                     self.flights.land(key, flight, entry)
+                    _release(held)
                     return Claim(self, key, entry=entry)
                 if lock is False:
                     # A holder elsewhere is stuck beyond the timeout: liveness first.
                     self.events.count("lock_timeouts")
                     break
         except BaseException:
-            _release(held)
             self.flights.land(key, flight, None)
+            _release(held)
             raise
         flight.extend()
         return Claim(self, key, flight=flight, locks=held)
@@ -305,7 +307,7 @@ def _release(locks: list[FlightLock]) -> None:
     for lock in reversed(locks):
         try:
             lock.release()
-        except StoreError:
+        except (StoreError, OSError):
             continue  # counted by the tier; a lease expires, a lock file dies with us
     locks.clear()
 

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from kernelcache import _fs
+from kernelcache import _fs, fstype
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.settings import Settings
@@ -56,6 +56,7 @@ def default_tiers(settings: Settings) -> list[Store]:
     """
     if settings.disable:
         return []
+    fstype.warn_if_network(settings.dir)  # once per process: a library user, not each nvcc call
     tiers: list[Store] = [MemoryStore(max_bytes=settings.memory_max_bytes), local_tier(settings)]
     if settings.remote:
         from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it

@@ -47,7 +47,8 @@ def _signature(st: os.stat_result) -> list[int]:
 
 def _trustworthy(st: os.stat_result) -> bool:
     """A file modified this recently is hashed but not memoised (``_fs.too_new``)."""
-    return not _fs.too_new(st, time.time_ns())
+    # Toolkits on NFS are trusted by stat (see _fs.too_new): re-probing costs a compile.
+    return not _fs.too_new(st, time.time_ns(), network=False)
 
 
 def memo_path() -> str:

@@ -46,8 +46,11 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
             "kernelcache: warning: the statistics file is damaged; showing zeros", file=sys.stderr
         )
     first = next(iter(usage.values()), {"entries": 0, "bytes": 0, "max_bytes": None})
+    from kernelcache import fstype
+
     report: dict[str, Any] = {
         "dir": directory,
+        "filesystem": fstype.report(directory),
         "entries": first["entries"],  # the first persistent tier, as before tiers were listed
         "bytes": first["bytes"],
         "max_bytes": first["max_bytes"],
@@ -94,7 +97,9 @@ def _stats_text(report: dict[str, Any]) -> str:
     from kernelcache.stats.totals import TIER_FIELDS
     from kernelcache.units import format_size
 
-    lines = [f"directory  {report['dir']}"]
+    fs = report["filesystem"]
+    where = f"{fs['type']}, a network filesystem" if fs["network"] else fs["type"]
+    lines = [f"directory  {report['dir']} (on {where})"]
     for name, use in report["usage"].items():
         if use["bytes"] is None:
             lines.append(f"{name:<10} unavailable")

@@ -28,6 +28,12 @@ import time
 from collections.abc import Callable
 
 from kernelcache.errors import StoreError
+from kernelcache.stores.lease import NO_FLOCK, LeaseLock, take
+
+#: A lease file's name beside its key's lock file (``<key>.lease``).
+LEASE_SUFFIX = ".lease"
+# Lock folders where flock failed with a NO_FLOCK error: leases from then on.
+_no_flock: set[str] = set()
 
 #: Lock files whose name is not current but were left by a killed holder are
 #: swept by :func:`sweep_locks` once older than this.
@@ -58,9 +64,12 @@ def open_lock_fd(path: str) -> int:
 
 
 def close_lock_fd(fd: int) -> None:
+    """Close a lock descriptor. An error from close (``EIO`` on NFS) is ignored: the
+    descriptor is gone either way on Linux, and with it the lock."""
     with _fds_lock:
         _open_fds.discard(fd)
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _close_inherited() -> None:
@@ -84,41 +93,91 @@ class FileFlightLock:
     raised as :class:`StoreError`, so the owning tier can count it.
     """
 
-    def __init__(self, path: str, on_error: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        on_error: Callable[[], None] | None = None,
+        *,
+        leases: bool = False,
+        after_lease: Callable[[], None] | None = None,
+    ) -> None:
         self.path = path
+        # Called once a lease is taken, before the caller looks for the entry (see DiskStore).
+        self._after_lease = after_lease
+        self._leases = leases  # a network filesystem: flock may not span its clients
         self._on_error = on_error
         self._fd: int | None = None
+        self._lease: LeaseLock | None = None
 
     def __repr__(self) -> str:
-        return f"FileFlightLock({self.path!r}, held={self._fd is not None})"
+        held = self._fd is not None or self._lease is not None
+        return f"FileFlightLock({self.path!r}, held={held})"
 
     def acquire(self, timeout: float) -> bool:
         """Take the lock, waiting at most ``timeout`` seconds; ``False`` if that ran out."""
-        if self._fd is not None:
+        if self._fd is not None or self._lease is not None:
             raise RuntimeError(f"{self!r} is already held")
+        folder = os.path.dirname(self.path)
+        if self._leases or folder in _no_flock:
+            return self._acquire_lease(timeout)
         deadline = time.monotonic() + max(0.0, timeout)
         try:
             while True:
                 fd = self._open()
                 if not self._lock(fd, deadline):
                     return False  # _lock closed fd (or left it to the helper thread)
-                if self._names(fd):
+                try:
+                    names = self._names(fd)
+                except OSError:
+                    close_lock_fd(fd)  # ESTALE/EIO after locking: never leak the lock
+                    raise
+                if names:
                     self._fd = fd
                     return True
                 close_lock_fd(fd)  # we locked an unlinked file: the holder released it; retry
         except OSError as exc:
-            if self._on_error is not None:
-                self._on_error()
+            if exc.errno in NO_FLOCK:
+                # Lustre without -o flock and the like: a lease file serves instead,
+                # for every later lock in this folder too.
+                _no_flock.add(folder)
+                with contextlib.suppress(OSError):  # nobody can flock it here: just clutter
+                    os.unlink(self.path)
+                return self._acquire_lease(deadline - time.monotonic())
+            self._failed()
             raise StoreError(f"lock {self.path}: {exc}") from exc
 
+    def _acquire_lease(self, timeout: float) -> bool:
+        lease = LeaseLock(self.path[: -len(".lock")] + LEASE_SUFFIX, on_error=self._on_error)
+        if not lease.acquire(timeout):
+            return False
+        self._lease = lease
+        if self._after_lease is not None:
+            self._after_lease()
+        return True
+
+    def _failed(self) -> None:
+        if self._on_error is not None:
+            self._on_error()
+
     def release(self) -> None:
-        """Unlink the lock file, then unlock it (in that order: see the module docstring)."""
+        """Unlink the lock file, then unlock it (in that order: see the module docstring).
+
+        Never raises an OS error: one (``EBUSY``, ``ESTALE``) is counted and the file
+        is left to :func:`sweep_locks`; the lock itself is released all the same.
+        """
+        if self._lease is not None:
+            lease, self._lease = self._lease, None
+            lease.release()
+            return
         fd, self._fd = self._fd, None
         if fd is None:
             raise RuntimeError(f"{self!r} is not held")
         try:
-            with contextlib.suppress(FileNotFoundError):  # swept by sweep_locks
-                os.unlink(self.path)
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass  # swept by sweep_locks
+        except OSError:
+            self._failed()
         finally:
             close_lock_fd(fd)
 
@@ -201,17 +260,22 @@ def sweep_locks(root: str, older_than: float = STALE_LOCK_SECONDS) -> int:
     """Remove lock files under ``root`` left by killed holders; returns how many.
 
     A file is removed only while this process holds its lock (so no live
-    holder loses it) and after it has aged ``older_than`` seconds.
+    holder loses it) and after it has aged ``older_than`` seconds; a lease
+    file (:mod:`.lease`) once its holder stopped renewing it that long ago.
     """
     removed = 0
     cutoff = time.time() - older_than
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
-            if not name.endswith(".lock"):
+            if not name.endswith((".lock", LEASE_SUFFIX, ".taken")):
                 continue
             path = os.path.join(dirpath, name)
             with contextlib.suppress(FileNotFoundError):
                 if os.lstat(path).st_mtime >= cutoff:
+                    continue
+                if not name.endswith(".lock"):
+                    # A lease renewed by no one for that long, or a takeover's leftover.
+                    removed += take(path, lambda _record: True)
                     continue
                 lock = FileFlightLock(path)
                 if lock.acquire(0.0):

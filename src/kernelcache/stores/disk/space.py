@@ -2,7 +2,7 @@
 
 ``v1/space`` holds the bytes (entry files plus extracted copies) and the
 entry count of the whole tier, with a checksum. Every change to the tree's
-contents happens under an ``flock`` on it: a put publishes (renames) its
+contents happens under its lock: a put publishes (renames) its
 entry and adds its size, a removal renames the entry away and subtracts
 what it freed, an extraction adds its copies. So the counter is exact, a put
 never scans the cache, and the cap is checked against the whole tier.
@@ -13,7 +13,11 @@ low: the tier may keep less than its cap, never more. A missing or damaged
 counter file (deleted, cut, replaced by garbage or a symlink) is rebuilt
 by a full recount before anything is added to it.
 
-Eviction (:meth:`Space.clean`) runs when a change takes the tier over a cap:
+The lock is :mod:`.tierlock` (``flock``, or a lease on a network filesystem,
+where new entries are published with ``link()``: :mod:`.netpublish`).
+
+Eviction (:meth:`Space.clean`) runs when a change takes the tier over a cap
+(on a network filesystem after the lock is released: :mod:`.cleaner`):
 least recently used entries of the whole tier (:mod:`.lru`) are removed,
 each by a rename into staging and an inode check (an entry published after
 the eviction chose its victim is put back), until the tier is at
@@ -24,16 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import struct
-import threading
 from typing import TYPE_CHECKING
 
 import xxhash
 
 from kernelcache.stores.base import is_valid_key
+from kernelcache.stores.disk.cleaner import Cleaner
 from kernelcache.stores.disk.layout import (
     Layout,
     remove_tree,
@@ -43,6 +46,8 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
+from kernelcache.stores.disk.netpublish import link_in
+from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -55,6 +60,8 @@ LOW_WATER = 0.99
 _MAGIC = b"KCSPACE1"
 _TALLY = struct.Struct("<8sqqQ")  # magic, bytes, entries, xxh64 of the fields before it
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Staged deletions that failed (EBUSY) remembered for a retry, at most.
+_LEFTOVER_MAX = 1024
 
 
 def _pack(size: int, count: int) -> bytes:
@@ -106,84 +113,63 @@ class Space:
         layout: Layout,
         count: Callable[[str, int], None],
         caps: Callable[[], tuple[int | None, int | None]],
+        *,
+        network: bool = False,
     ) -> None:
         self.layout = layout
         self.queues = Queues(layout.lru, shards(), layout.staging)
         self._count = count
         self._caps = caps
-        self._fd: int | None = None
-        self._id: tuple[int, int] | None = None
+        self.lock = TierLock(layout, network=network)
+        self.cleaner = Cleaner(self)
         self._pid = os.getpid()
-        self._lock = threading.Lock()
         self._doomed: list[str] = []
+        self._leftover: list[str] = []
 
     # The lock ------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self) -> Iterator[Tally]:
         """Hold the tier's space lock; yields the counter (recounted first if it was lost).
 
-        flock belongs to the open file description: threads sharing the
-        descriptor are not excluded by it (hence the thread lock), and a
-        forked child shares it with its parent (hence a new one after fork).
-        What was renamed into staging meanwhile is deleted after the lock is released.
+        What was renamed into staging meanwhile is deleted after the lock is
+        released (nobody waits for the deletions); a folder that cannot go now
+        (``EBUSY``: a file in it still open on another NFS client) is retried
+        after a later change, and swept by the next store open.
         """
         if self._pid != os.getpid():
-            self._fd, self._id, self._pid = None, None, os.getpid()
-            self._lock, self._doomed = threading.Lock(), []
+            self._pid, self._doomed, self._leftover = os.getpid(), [], []
         doomed: list[str] = []
         try:
-            with self._lock:
-                fd = self._lock_file()
+            with self.lock.held() as fd:
                 try:
                     tally = Tally(fd)
                     if not tally.valid:
                         self.recount_locked(tally)
                     yield tally
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
                     doomed, self._doomed = self._doomed, []
         finally:
-            for path in doomed:  # after the locks: nobody waits for the deletions
-                remove_tree(path)
+            pending, self._leftover = self._leftover + doomed, []
+            self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
+        self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
-    def _lock_file(self) -> int:
-        """Lock the counter file that the path names now (it may have been removed or replaced)."""
-        while True:
-            if self._fd is None:
-                self._fd = self._open()
-                st = os.fstat(self._fd)
-                self._id = (st.st_dev, st.st_ino)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                st = os.lstat(self.layout.space)
-                if (st.st_dev, st.st_ino) == self._id:
-                    return self._fd
-            except FileNotFoundError:
-                pass
-            # Deleted or replaced since we opened it: our lock guards nothing. Start over.
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def _open(self) -> int:
-        try:
-            return os.open(self.layout.space, _OPEN, 0o600)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-        # A symlink: following it would write outside the cache. Refused, removed, recreated.
-        self.layout.refused()
-        os.unlink(self.layout.space)
-        return os.open(self.layout.space, _OPEN | os.O_EXCL, 0o600)
+    def discard(self, path: str) -> None:
+        """Delete ``path`` in staging now, or after a later change if it cannot go now."""
+        if not remove_tree(path) and len(self._leftover) < _LEFTOVER_MAX:
+            self._leftover.append(path)
 
     # Changes -------------------------------------------------------------
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
         """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
+            if self.lock.network:
+                link_in(tally, tmp, path, size, self.discard)
+                self.clean(tally)
+                return
             try:
                 st = os.lstat(path)
-                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
             except FileNotFoundError:
                 old, new = 0, 1
             # Growth is counted before the rename and shrinkage after it: a crash
@@ -227,11 +213,36 @@ class Space:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
                 os.link(trash, path)
             return False
-        freed = st.st_size + self._take(self.layout.key_folder(key, shard))
+        freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
-    def _take(self, folder: str) -> int:
+    def probe(self, key: str) -> None:
+        """Open ``key``'s entry with ``O_CREAT`` (see ``DiskStore._revalidate``): the server
+        answers, so a name this node saw absent is looked up afresh. The empty file made
+        when there is no entry is removed again at once. Under the lock: no recount or
+        publish ever sees it (it is never counted)."""
+        path = self.layout.entry_path(key)
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        with self.locked():
+            fd = os.open(path, flags, 0o600)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if st.st_size:
+                return  # the entry: this node sees it now
+            trash = self.layout.trash()
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                return
+            self._doomed.append(trash)
+            if os.lstat(trash).st_ino != st.st_ino:  # not ours after all: put back
+                with contextlib.suppress(FileExistsError):
+                    os.link(trash, path)
+
+    def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
         try:
@@ -254,7 +265,7 @@ class Space:
                         return  # replaced since it was examined: not the damaged one
                 except FileNotFoundError:
                     return
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
 
     def add_extraction(self, key: str, staged: str, tag: str, size: int) -> bool:
         """Move the folder ``staged`` into place as version ``tag`` of ``key``'s copies.
@@ -278,7 +289,7 @@ class Space:
             folder = self.layout.key_folder(key, shard)
             self.layout.sub_folder(folder, create=True)
             freed = sum(
-                self._take(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
+                self.take_folder(f"{folder}/{name}") for name in os.listdir(folder) if name != tag
             )
             tally.add(size - freed, 0)
             try:
@@ -299,11 +310,23 @@ class Space:
             max_entries is not None and tally.entries > max_entries
         )
 
-    def _above_target(self, tally: Tally) -> bool:
+    def above_target(self, tally: Tally) -> bool:
+        """Whether the tier is above ``LOW_WATER`` of a cap (eviction goes on)."""
+        return self.excess(tally) != (0, 0)
+
+    def excess(self, tally: Tally) -> tuple[int, int]:
+        """``(bytes, entries)`` by which the tier is above ``LOW_WATER`` of its caps."""
         max_bytes, max_entries = self._caps()
-        return (max_bytes is not None and tally.bytes > max_bytes * LOW_WATER) or (
-            max_entries is not None and tally.entries > max_entries - max_entries // 100
-        )
+        over_bytes = over_entries = 0
+        if max_bytes is not None and tally.bytes > max_bytes * LOW_WATER:
+            over_bytes = max(1, tally.bytes - int(max_bytes * LOW_WATER))
+        if max_entries is not None:
+            over_entries = max(0, tally.entries - (max_entries - max_entries // 100))
+        return over_bytes, over_entries
+
+    def count_event(self, name: str, amount: int) -> None:
+        """Record an event in the store's counters (``evictions``, ``errors``)."""
+        self._count(name, amount)
 
     def clean(self, tally: Tally) -> None:
         """If the tier is over a cap, evict its least recently used entries to ``LOW_WATER``.
@@ -312,6 +335,9 @@ class Space:
         the cleaning has succeeded, and the next change cleans again.
         """
         if not self.over(tally):
+            return
+        if self.lock.network:
+            self.cleaner.request()  # once the lock is released: see stores/disk/cleaner.py
             return
         try:
             self._evict(tally)
@@ -325,7 +351,7 @@ class Space:
         for _pass in range(2):
             candidates = self.queues.oldest(lambda shard: self._rescan(tally, shard))
             try:
-                while self._above_target(tally):
+                while self.above_target(tally):
                     candidate = next(candidates, None)
                     if candidate is None:
                         break
@@ -353,7 +379,7 @@ class Space:
         """A shard's entries for its queue; extraction folders of gone entries are removed."""
         found, orphans = scan_shard(self.layout, shard)
         for folder in orphans:
-            tally.add(-self._take(folder), 0)
+            tally.add(-self.take_folder(folder), 0)
         return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
 
     def recount_locked(self, tally: Tally) -> tuple[int, int]:
@@ -362,7 +388,7 @@ class Space:
         for shard in shards():
             found, orphans = scan_shard(self.layout, shard)
             for folder in orphans:
-                self._take(folder)  # not counted below, so not subtracted either
+                self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
             count += len(found)
         tally.set(size, count)
@@ -397,6 +423,4 @@ class Space:
         return count, size
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
+        self.lock.close()

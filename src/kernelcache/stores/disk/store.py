@@ -12,14 +12,16 @@ handed to loaders :mod:`.files`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
 import os
 import stat
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from kernelcache import fstype
 from kernelcache._fs import unique, write_new
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
@@ -38,7 +40,6 @@ from kernelcache.stores.disk.layout import (
     SUFFIX,
     Layout,
     UnsafeDirectory,
-    remove_tree,
     scan_shard,
     shard_of,
     shards,
@@ -105,7 +106,15 @@ class DiskStore(Store):
         self.max_entries = max_entries
         self.durable = durable
         self.layout = Layout(self.path, on_refused=self._refused)
-        self.space = Space(self.layout, self._count, lambda: (self.max_bytes, self.max_entries))
+        #: The directory's filesystem; on a network one, locks are leases and no
+        #: stat is trusted across processes (see kernelcache.fstype, stores.lease).
+        self.filesystem = fstype.detect(self.path)
+        self.space = Space(
+            self.layout,
+            self._count,
+            lambda: (self.max_bytes, self.max_entries),
+            network=self.filesystem.network,
+        )
         self.files = Extractor(
             self.layout,
             None if read_only else self.space,
@@ -145,6 +154,13 @@ class DiskStore(Store):
         try:
             if self.layout.check_root(create=writable):
                 self.layout.ensure(create=writable)
+                if writable and self.filesystem.network:
+                    # Every shard made now: a node that looked for one before another
+                    # node made it would go on seeing it absent for as long as the
+                    # client caches names (NFS lookupcache, FUSE), and miss.
+                    for shard in shards():
+                        with contextlib.suppress(StoreError):  # counted; made by a put later
+                            self._check_shard(shard, create=True)
         except UnsafeDirectory as exc:
             self.unusable = str(exc)
             import logging  # deferred: only a refused directory needs it
@@ -196,10 +212,38 @@ class DiskStore(Store):
         except OSError:
             self._count("errors")
             return None
-        return FileFlightLock(f"{folder}/{key}.lock", on_error=lambda: self._count("errors"))
+        network = self.filesystem.network
+        return FileFlightLock(
+            f"{folder}/{key}.lock",
+            on_error=lambda: self._count("errors"),
+            leases=network,
+            after_lease=functools.partial(self._revalidate, key) if network else None,
+        )
+
+    def _revalidate(self, key: str) -> None:
+        """Make this node see ``key``'s entry if another node published it since our miss.
+
+        On NFS (``lookupcache``) and FUSE, the name's absence is cached from our
+        first miss for as long as attributes are: the lookup after the lock would
+        miss and compile again (a miss leads to a compile: these round trips are
+        nothing next to it). An ``open`` with ``O_CREAT`` is answered by the
+        server: it opens the entry if it is there; if not, the empty file it made
+        (never an entry: not counted) is removed again (:meth:`Space.probe`).
+        """
+        try:
+            self.space.probe(key)
+        except OSError:
+            self._count("errors")  # the lookup then misses, as it would have
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, identity, and the filesystem the directory is on (``nfs4 (network)``)."""
+        return {**super().stats(), "filesystem": str(self.filesystem)}
 
     # Reads -------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
+        return self._read(key, retry=True)
+
+    def _read(self, key: str, retry: bool) -> Entry | None:
         # Validated up front: a key like "../../x" would otherwise read, and if
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
@@ -217,8 +261,12 @@ class DiskStore(Store):
             self.counters.misses += 1
             return None
         except OSError as exc:
-            self._unreadable(exc)
-            return None
+            if exc.errno != errno.ESTALE:
+                self._unreadable(exc)
+                return None
+            # NFS: the name was renamed over by another client since we looked it up.
+            # One retry opens whatever the name holds now.
+            return self._retry(key, retry)
         try:
             now = time.time()
             if now - self._recent.get(key, 0.0) <= TOUCH_INTERVAL:
@@ -230,9 +278,13 @@ class DiskStore(Store):
                 entry, size = read_entry(fd, st, key, self.files)
                 self._remember(key, self._touch(fd, st.st_mtime, now))
         except CorruptEntry:
-            self._corrupt(key, fd)
-            return None
+            again, size = self._reread(key, fd)
+            if again is None:
+                return None
+            entry = again
         except OSError as exc:
+            if exc.errno == errno.ESTALE:
+                return self._retry(key, retry)
             self._count("errors")
             raise StoreError(f"disk tier {self.path}: {exc}") from exc
         finally:
@@ -241,6 +293,31 @@ class DiskStore(Store):
         counters.hits += 1
         counters.bytes_read += size
         return entry
+
+    def _retry(self, key: str, retry: bool) -> Entry | None:
+        """Read ``key`` once more after ``ESTALE``; a second failure is a counted miss."""
+        self._count("errors")
+        if retry:
+            return self._read(key, retry=False)
+        self.counters.misses += 1
+        return None
+
+    def _reread(self, key: str, fd: int) -> tuple[Entry | None, int]:
+        """The entry in ``fd`` read once more, with its real size, before it is judged
+        corrupt: a short read (a network filesystem's) is not damage, and must not
+        remove a good entry. ``(None, 0)`` (counted, removed) if it is damaged."""
+        try:
+            st = os.fstat(fd)
+            if st.st_size == 0 and self.filesystem.network:
+                self.counters.misses += 1  # another leader's lookup probe (_revalidate): no entry
+                return None, 0
+            return read_entry(fd, st, key, self.files)
+        except CorruptEntry:
+            self._corrupt(key, fd)
+        except OSError:
+            self._count("errors")
+            self.counters.misses += 1
+        return None, 0
 
     def _touch(self, fd: int, mtime: float, now: float) -> float:
         """Move the entry open as ``fd`` up the LRU order if its ``mtime`` is older than
@@ -266,8 +343,11 @@ class DiskStore(Store):
         self.counters.misses += 1
         self._recent.pop(key, None)
         if not self.read_only:
-            ino = os.fstat(fd).st_ino
-            self._guard(lambda: self.space.remove(key, expect_ino=ino))
+            try:
+                ino = os.fstat(fd).st_ino
+                self.space.remove(key, expect_ino=ino)
+            except OSError:
+                self._count("errors")  # left in place: the next reader finds it again
 
     def _unreadable(self, exc: OSError) -> None:
         """Count a miss for a link where an entry belongs (never followed); raise otherwise."""
@@ -298,7 +378,7 @@ class DiskStore(Store):
             self.space.publish(tmp, key, shard, size)
         except OSError as exc:
             self._count("errors")
-            remove_tree(tmp)  # it may not exist yet (open failed) or any more (renamed)
+            self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
         self._count("puts")
         self._count("bytes_written", size)

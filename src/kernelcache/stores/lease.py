@@ -1,0 +1,323 @@
+"""Lock files that hold where ``flock`` does not: one exclusive file with an owner and a lease.
+
+Used by the disk tier on a network filesystem (:mod:`kernelcache.fstype`) and
+wherever ``flock`` fails outright (Lustre mounted without ``-o flock`` gives
+``ENOLCK``, others ``EINVAL``/``ENOSYS``/``EOPNOTSUPP``), for single-flight
+and for the tier's space counter. Why this mechanism (issue 22):
+
+- ``flock`` across NFS clients conflicts or not depending on the kernel
+  version, mount options and lockd; on FUSE stores it never does. A lock
+  that silently does not exclude is worse than none.
+- POSIX ``fcntl`` locks go through lockd/NLM on NFSv3 and are dropped by
+  *any* close of the file in the process: unusable inside a library.
+- The team tier's Redis lease already joins single-flight when one is
+  configured (:mod:`kernelcache.singleflight` takes every tier's lock), but
+  the disk tier must be correct on its own, and its space counter lives in
+  the directory.
+- ``open(O_CREAT | O_EXCL)`` is atomic on the server for NFSv3 and v4,
+  Lustre, GPFS, BeeGFS, CephFS, SMB and FUSE: one round trip per acquire.
+  The ``link()`` trick (temp file, link, stat, unlink: five round trips) is
+  only needed by NFSv2, which current kernels no longer enable.
+
+The file holds its owner: host, boot id, pid, a random nonce and a beat
+counter. The holder rewrites the beat every ``lease / 4`` seconds (a daemon
+thread, ``fsync`` so that other clients see it). A waiter takes the lock
+over when the owner is dead on this very machine (same host and boot id, no
+such pid), or when the record has not changed for ``lease`` seconds on the
+waiter's own monotonic clock: no clocks are compared across nodes.
+
+Takeover and release never unlink a name blindly: the file is first renamed
+to a private name (atomic on the server), read, and removed only if it is
+the record that was judged dead (or our own); a live one taken by mistake is
+linked back. So a slow holder whose lease expired loses it, and learns so
+(:attr:`LeaseLock.lost`), but never removes its successor's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from kernelcache._fs import unique
+from kernelcache.errors import StoreError
+
+#: A holder that stops renewing for this long is taken over (seconds).
+LEASE_SECONDS = 30.0
+#: ``flock`` errors that mean "no flock on this filesystem": use a lease file instead.
+NO_FLOCK = frozenset({errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_RECORD_MAX = 512
+#: What a holder whose release failed writes into its lease: waiters take it at once.
+_FREE = b"free\n"
+# Nonces of the leases this process holds now.
+_held: set[str] = set()
+_TRANSIENT = frozenset({errno.ESTALE, errno.EIO, errno.EBUSY, errno.EINTR})
+_FIRST_POLL = 0.002
+_LAST_POLL = 0.1
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "-"
+
+
+_HOST = os.uname().nodename
+_BOOT = _boot_id()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def read_record(path: str) -> bytes | None:
+    """The lock file's record (a fresh open: close-to-open consistency), ``None`` if absent."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, _RECORD_MAX)
+    finally:
+        os.close(fd)
+
+
+def dead_here(record: bytes) -> bool:
+    """Whether ``record`` names no live holder: a process of this machine (this boot) that is
+    gone, a lease of this very process that it no longer holds (its release failed), or a
+    lease its holder marked free."""
+    if record == _FREE:
+        return True
+    fields = record.split(b" ")
+    if len(fields) < 5 or fields[0].decode(errors="replace") != _HOST:
+        return False
+    if fields[1].decode(errors="replace") != _BOOT:
+        return True  # this host, an earlier boot: every process of it is gone
+    try:
+        pid = int(fields[2])
+    except ValueError:
+        return False
+    if pid == os.getpid():
+        return fields[3].decode(errors="replace") not in _held
+    return not _alive(pid)
+
+
+class LeaseLock:
+    """An exclusive lock named by ``path`` that needs no ``flock`` (see the module docstring).
+
+    Implements :class:`kernelcache.stores.base.FlightLock`. Not shared between
+    threads. ``on_error`` is called for each OS error before it is raised as
+    :class:`StoreError`.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        lease: float = LEASE_SECONDS,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.lease = lease
+        self._on_error = on_error
+        self._nonce = ""
+        self._stop: threading.Event | None = None
+        self._renewer: threading.Thread | None = None
+        #: Set when the lease was taken over while held (the holder was too slow).
+        self.lost = False
+
+    def __repr__(self) -> str:
+        return f"LeaseLock({self.path!r}, held={self._stop is not None})"
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock, waiting at most ``timeout`` seconds; ``False`` if that ran out."""
+        if self._stop is not None:
+            raise RuntimeError(f"{self!r} is already held")
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            return self._acquire(deadline)
+        except OSError as exc:
+            if self._on_error is not None:
+                self._on_error()
+            raise StoreError(f"lease {self.path}: {exc}") from exc
+
+    def _acquire(self, deadline: float) -> bool:
+        poll = _FIRST_POLL
+        seen: bytes | None = None
+        seen_at = time.monotonic()
+        failures = 0
+        while True:
+            try:
+                if self._try_create():
+                    return True
+                record = read_record(self.path)
+            except OSError as exc:
+                # ESTALE/EIO from a server that answers the next request: retried
+                # (after a pause), as a lock that is not ours yet; a third one in a row raises.
+                failures += 1
+                if exc.errno not in _TRANSIENT or failures >= 3:
+                    raise
+                time.sleep(poll)
+                continue
+            failures = 0
+            now = time.monotonic()
+            if record != seen:
+                seen, seen_at = record, now  # renewed (or a new holder): its lease restarts
+            if record is not None and (dead_here(record) or now - seen_at >= self.lease):
+                self._take(record)
+                continue
+            if now >= deadline:
+                return False
+            time.sleep(min(poll, max(0.0, deadline - now)))
+            poll = min(poll * 2, _LAST_POLL)
+
+    def _try_create(self) -> bool:
+        try:
+            return self._create()
+        except FileExistsError:
+            return False
+
+    def _create(self) -> bool:
+        nonce = unique()
+        # Held before the record exists: another thread of this process must never
+        # judge it a lease this process left behind (see dead_here).
+        _held.add(nonce)
+        try:
+            fd = os.open(self.path, _CREATE, 0o600)
+        except FileNotFoundError:
+            _held.discard(nonce)
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            return self._create()
+        except BaseException:  # FileExistsError (held by another) included
+            _held.discard(nonce)
+            raise
+        try:
+            try:
+                os.write(fd, self._record(nonce, 0))
+            finally:
+                os.close(fd)  # close flushes it to the server: others read it on open
+        except BaseException:
+            _held.discard(nonce)
+            with contextlib.suppress(OSError):  # ours (O_EXCL), with no owner in it
+                os.unlink(self.path)
+            raise
+        self._nonce, self.lost = nonce, False
+        stop = self._stop = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._renew, args=(stop, nonce), name="kernelcache-lease", daemon=True
+        )
+        self._renewer.start()
+        return True
+
+    @staticmethod
+    def _record(nonce: str, beat: int) -> bytes:
+        return f"{_HOST} {_BOOT} {os.getpid()} {nonce} {beat}\n".encode()
+
+    def _renew(self, stop: threading.Event, nonce: str) -> None:
+        beat = 0
+        while not stop.wait(self.lease / 4):
+            beat += 1
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                self.lost = True  # removed: taken over
+                return
+            except OSError:
+                continue  # ESTALE/EIO: the next beat tries again, well within the lease
+            try:
+                # Checked through the very descriptor written to: a successor's
+                # file that replaced ours is never overwritten.
+                if not _owned(os.pread(fd, _RECORD_MAX, 0), nonce):
+                    self.lost = True  # taken over: someone judged us dead
+                    return
+                os.pwrite(fd, self._record(nonce, beat), 0)
+                os.fsync(fd)
+            except OSError:
+                continue  # a transient error: the next beat tries again
+            finally:
+                os.close(fd)
+
+    def _take(self, expected: bytes | None) -> bool:
+        """Remove the lock file if it still holds ``expected``; ``True`` if it did."""
+        return take(self.path, lambda record: record == expected)
+
+    def release(self) -> None:
+        """Stop renewing and remove the lock file if it is still ours.
+
+        OS errors are counted and swallowed: an unremoved lease expires.
+        """
+        stop, self._stop = self._stop, None
+        if stop is None:
+            raise RuntimeError(f"{self!r} is not held")
+        stop.set()
+        if self._renewer is not None:
+            self._renewer.join(self.lease)  # no beat may land between our check and removal
+            self._renewer = None
+        nonce = self._nonce
+        _held.discard(nonce)
+        pause = _FIRST_POLL
+        for _attempt in range(3):  # a lease left behind stalls every waiter: retried
+            try:
+                if not take(self.path, lambda record: _owned(record, nonce)):
+                    self.lost = True
+                return
+            except OSError:
+                if self._on_error is not None:
+                    self._on_error()
+            time.sleep(pause)  # EBUSY while another client has it open for a moment
+            pause *= 2
+        self._mark_free(nonce)
+
+    def _mark_free(self, nonce: str) -> None:
+        """Say in the file itself that the lease is free (writing needs no rename)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            return  # the lease then expires
+        try:
+            if _owned(os.pread(fd, _RECORD_MAX, 0), nonce):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _FREE, 0)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
+
+def _owned(record: bytes | None, nonce: str) -> bool:
+    return record is not None and record.split(b" ")[3:4] == [nonce.encode()]
+
+
+def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
+    """Remove the lock file ``path`` if ``accept`` its record; ``True`` if it did.
+
+    Renamed to a private name first (atomic on the server), so the record
+    judged is the file removed; one not accepted is linked back, unless a
+    newer one holds the name already.
+    """
+    private = f"{path}.{unique()}.taken"
+    try:
+        os.rename(path, private)
+    except FileNotFoundError:
+        return False
+    try:
+        if accept(read_record(private)):
+            return True
+        with contextlib.suppress(FileExistsError):
+            os.link(private, path)
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(private)
