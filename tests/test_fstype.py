@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import netfs
 from kernelcache import _fs, fstype
+from kernelcache.stores.disk import DiskStore
 
 
 @pytest.fixture
@@ -133,6 +135,8 @@ def test_a_network_directory_is_warned_about_once(
 
 
 def test_stats_shows_the_filesystem(tmp_path: Path) -> None:
+    with DiskStore(tmp_path / "c"):
+        pass  # a cache is there: `stats` of no cache says so and exits 1
     env = {**os.environ, "KERNELCACHE_DIR": str(tmp_path / "c")}
     run = [sys.executable, "-m", "kernelcache", "stats"]
     report = json.loads(
@@ -142,6 +146,27 @@ def test_stats_shows_the_filesystem(tmp_path: Path) -> None:
     assert report["filesystem"] == {"type": expected.name, "network": False}
     human = subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
     assert f"(on {expected.name})" in human.splitlines()[0]
+
+
+def _config_filesystem(directory: Path) -> dict[str, object]:
+    env = {**os.environ, "KERNELCACHE_DIR": str(directory)}
+    run = [sys.executable, "-m", "kernelcache", "config", "--json"]
+    rows = json.loads(
+        subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
+    )
+    (row,) = [r for r in rows if r["name"] == "filesystem"]
+    return row
+
+
+def test_config_shows_the_filesystem(tmp_path: Path, two_nodes: Callable[..., netfs.NetFS]) -> None:
+    local = _config_filesystem(tmp_path / "c")
+    assert local["value"] == fstype.detect(str(tmp_path)).name
+    assert local["network"] is False
+    node = two_nodes().nodes[0].path
+    remote = _config_filesystem(node / "c")
+    assert remote["value"] == "fuse.netfs"
+    assert remote["network"] is True
+    assert remote["source"] == "detected (a network filesystem)"
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["local", "network"])

@@ -115,7 +115,19 @@ def rows(settings: Settings, env: Mapping[str, str]) -> list[dict[str, Any]]:
         source = f"environment {variable}" if given else f"default ({default})"
         out.append({"name": name, "variable": variable, "value": value, "set": value is not None,
                     "source": source})  # fmt: skip
+    out.append(_filesystem(settings.dir))
     return out
+
+
+def _filesystem(directory: str) -> dict[str, Any]:
+    """The cache directory's filesystem: no setting, but it decides the disk tier's rules
+    (lease locks, no stat trusted across nodes) on a network one (issue 22)."""
+    from kernelcache import fstype
+
+    found = fstype.report(directory)
+    kind = "a network filesystem" if found["network"] else "local"
+    return {"name": "filesystem", "variable": None, "value": found["type"], "set": True,
+            "network": found["network"], "source": f"detected ({kind})"}  # fmt: skip
 
 
 def _shown(row: dict[str, Any]) -> str:
@@ -137,7 +149,7 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     print(
         table(
             ("SETTING", "VARIABLE", "VALUE", "SOURCE"),
-            [(r["name"], r["variable"], _shown(r), r["source"]) for r in listed],
+            [(r["name"], r["variable"] or "-", _shown(r), r["source"]) for r in listed],
         )
     )
     return 0
