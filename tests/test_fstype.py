@@ -151,7 +151,7 @@ def test_stats_shows_the_filesystem(tmp_path: Path) -> None:
 def _config_filesystem(directory: Path) -> dict[str, object]:
     env = {**os.environ, "KERNELCACHE_DIR": str(directory)}
     run = [sys.executable, "-m", "kernelcache", "config", "--json"]
-    rows = json.loads(
+    rows: list[dict[str, object]] = json.loads(
         subprocess.run(run, env=env, capture_output=True, text=True, check=True).stdout
     )
     (row,) = [r for r in rows if r["name"] == "filesystem"]
