@@ -41,6 +41,7 @@ except ModuleNotFoundError as exc:
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.patching import Patches
+from kernelcache.tilelang import keys
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import BackendHooks, Counters
 
@@ -143,6 +144,7 @@ def install(cache: Cache | None = None, *, device: Any = None) -> bool:
         tuner = TunerHooks(_state.get_records, _state.get_device)
         patches.set(AutoTuner, TUNER_LOAD, lambda self, key: tuner.load(self, key))
         patches.set(AutoTuner, TUNER_SAVE, lambda self, key, result: tuner.save(self, key, result))
+    keys.prefetch()  # the fields every key shares, derived while the user's code runs (issue 23)
     return True
 
 
