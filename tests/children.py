@@ -42,3 +42,9 @@ def wait_for(path: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.01)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children waited for so far (nvcc, the linker)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
