@@ -69,11 +69,12 @@ def headers_folder(label: str) -> str | None:
 
 def headers() -> dict[str, str | None]:
     """Fingerprints of the header trees nvcc gets as ``-I`` (templates, CUTLASS)."""
-    out: dict[str, str | None] = {}
-    for label in HEADER_TREES:
-        folder = headers_folder(label)
-        out[label] = _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
-    return out
+    return {label: _header_tree(label) for label in HEADER_TREES}
+
+
+def _header_tree(label: str) -> str | None:
+    folder = headers_folder(label)
+    return _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
 
 
 def compilers(backend: str) -> dict[str, str | None]:
@@ -108,12 +109,14 @@ def prefetch() -> None:
     hashing: header trees, TileLang's libraries, the compilers (issue 23).
     :func:`~kernelcache.tilelang.install` starts them, so they overlap the
     user's code until the first compile; the hashing and file reads release the
-    GIL, so the two threads also overlap each other. Idempotent.
+    GIL, so the threads (one per header tree, one for the rest) overlap each
+    other too. Idempotent.
     """
     with _warming_lock:
         if _warming:
             return
-        for job in (headers, _libraries_and_compilers):
+        jobs = [functools.partial(_header_tree, label) for label in HEADER_TREES]
+        for job in [*jobs, _libraries_and_compilers]:
             thread = threading.Thread(target=_warm, args=(job,), name="kernelcache-tilelang-key")
             thread.daemon = True
             _warming.append(thread)
