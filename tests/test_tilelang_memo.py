@@ -100,13 +100,13 @@ def test_memo_in_a_refused_directory_is_neither_read_nor_written(
         folder.chmod(0o777)
     else:
         os.chown(folder, 65534, 65534)
-    before = memo_file.read_bytes()
+    before, listed = memo_file.read_bytes(), sorted(os.listdir(folder))
     assert trees.tree_fingerprint(str(tree)) == honest  # the forged memo is not believed
     (tree / "top.h").write_text('#include "cuda/common.h"\n// edited\n')
     _age()  # old enough to be memoised, if the directory were trusted
     assert trees.tree_fingerprint(str(tree)) not in (honest, "forged")
     assert memo_file.read_bytes() == before  # nothing written into the refused directory
-    assert sorted(os.listdir(folder)) == [trees.TREE_MEMO]
+    assert sorted(os.listdir(folder)) == listed  # no lock file either
 
 
 def test_memo_file_of_another_user_or_a_link_is_not_read(tree: Path, tmp_path: Path) -> None:
@@ -205,3 +205,41 @@ def test_shared_fields_are_hashed_once_per_process(
     first = keys.kernel_key("u" * 64, "tvm_ffi", "cuda")
     assert keys.kernel_key("u" * 64, "tvm_ffi", "cuda") == first
     assert sorted(hashed) == sorted([str(tree), str(tree / "cuda")])
+
+
+CHILD = """
+import json, sys
+import children
+from kernelcache.tilelang import trees
+children.wait_for(sys.argv[2])
+digest = trees.tree_fingerprint(sys.argv[1])
+print(json.dumps({"digest": digest, "hashed": len(trees.HASHED)}))
+"""
+
+
+def test_processes_missing_the_memo_at_once_hash_the_tree_once(tree: Path, tmp_path: Path) -> None:
+    """Issue 23: N processes started together on an empty memo wait for one hash, not N."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent / "src"), str(here)])}
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tree), str(go)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready.*"))) < len(procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    go.touch()
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    assert len({r["digest"] for r in reports}) == 1
+    assert sum(r["hashed"] for r in reports) == 1

@@ -11,12 +11,15 @@ written costs a re-hash, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from typing import Any
 
 from kernelcache import _fs
+from kernelcache.stores import lockfile
 
 _READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 #: A memo larger than this is not a memo kernelcache wrote: ignored.
@@ -72,6 +75,34 @@ def write(path: str, data: dict[str, Any]) -> bool:
     except OSError:
         return False  # only a memo: the next process hashes again
     return True
+
+
+@contextlib.contextmanager
+def exclusive(path: str, timeout: float = 120.0) -> Iterator[bool]:
+    """Hold ``<path>.lock`` while computing what goes into memo ``path``.
+
+    N processes starting at once on an empty memo would each hash the same
+    files (issue 23: 8 of them hash TileLang's 33 MB of headers 8 times, beside
+    the one compile they wait for). The first computes; the others wait here,
+    then find the memo written. Yields ``False`` (compute anyway, unlocked)
+    when read-only, in a refused directory, or after ``timeout``.
+    """
+    folder = os.path.dirname(path)
+    fd = None
+    if not read_only():
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if folder_problem(folder) is None:
+                fd = lockfile.open_lock_fd(f"{path}.lock")
+                if not lockfile.lock_within(fd, timeout):
+                    fd = None  # lock_within closed it
+        except OSError:
+            fd = None
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            lockfile.close_lock_fd(fd)  # closing releases the flock
 
 
 def _own_file(st: os.stat_result) -> bool:

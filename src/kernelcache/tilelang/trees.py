@@ -56,21 +56,43 @@ def tree_fingerprint(folder: str) -> str:
     """Fingerprint of every file under ``folder`` by relative name and content
     (``fingerprint.files``), from the memo while every file's stat is unchanged.
 
-    Not memoised in process here: :func:`kernelcache.tilelang.keys.headers` is.
+    Of processes missing the memo at once, one hashes and the others wait for
+    its memo (``_memo.exclusive``). Not memoised in process here:
+    :func:`kernelcache.tilelang.keys.headers` is.
     """
     paths, signature, trusted = listing(folder)
     path = memo_path()
-    memo = _memo.read(path)
+    known = _known(_memo.read(path), folder, signature)
+    if known is not None:
+        return known
+    with _memo.exclusive(path):
+        memo = _memo.read(path)
+        known = _known(memo, folder, signature)
+        if known is not None:
+            return known  # another process hashed it while we waited
+        digest = fingerprint.files(paths, root=folder)
+        HASHED.append(folder)
+        if trusted:
+            if memo is None or memo.get("version") != _MEMO_VERSION:
+                memo = {"version": _MEMO_VERSION}
+            trees = memo.get("trees")
+            memo["trees"] = {
+                **(trees if isinstance(trees, dict) else {}),
+                folder: {"sig": signature, "digest": digest},
+            }
+            _memo.write(path, memo)
+    return digest
+
+
+#: Folders this process hashed (not found in the memo), for tests and benchmarks.
+HASHED: list[str] = []
+
+
+def _known(memo: dict[str, object] | None, folder: str, signature: str) -> str | None:
     if memo is None or memo.get("version") != _MEMO_VERSION:
-        memo = {"version": _MEMO_VERSION, "trees": {}}
+        return None
     trees = memo.get("trees")
-    if not isinstance(trees, dict):
-        trees = memo["trees"] = {}
-    known = trees.get(folder)
+    known = trees.get(folder) if isinstance(trees, dict) else None
     if isinstance(known, dict) and known.get("sig") == signature:
         return str(known["digest"])
-    digest = fingerprint.files(paths, root=folder)
-    if trusted:
-        trees[folder] = {"sig": signature, "digest": digest}
-        _memo.write(path, memo)
-    return digest
+    return None
