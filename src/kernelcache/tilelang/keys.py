@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache import toolchain
+from kernelcache import _memo, toolchain
 from kernelcache.keys import KeyBuilder
 from kernelcache.tilelang import trees
 
@@ -125,8 +125,11 @@ def prefetch() -> None:
 
 
 def _libraries_and_compilers() -> None:
-    library_stamp()
-    compilers("tvm_ffi")
+    # Of processes starting together on an empty memo, one hashes ~100 MB of
+    # libraries and probes the compilers; the others wait, then read its memo.
+    with _memo.exclusive(toolchain.memo_path()):
+        library_stamp()
+        compilers("tvm_ffi")
 
 
 def _warm(job: Callable[[], object]) -> None:
