@@ -42,6 +42,7 @@ CORE = (
     "kernelcache.stores",
     "kernelcache.stores.*",
     "kernelcache._fs",
+    "kernelcache._memo",
     "kernelcache.units",
     "kernelcache.errors",
     "kernelcache._dirs",
