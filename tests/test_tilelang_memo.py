@@ -243,3 +243,21 @@ def test_processes_missing_the_memo_at_once_hash_the_tree_once(tree: Path, tmp_p
         reports.append(json.loads(out.strip().splitlines()[-1]))
     assert len({r["digest"] for r in reports}) == 1
     assert sum(r["hashed"] for r in reports) == 1
+
+
+def test_a_failure_in_the_background_is_raised_by_kernel_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe that fails in a prefetch thread is derived again in the caller, and raises there."""
+
+    def unreadable() -> dict[str, str]:
+        raise PermissionError("header tree unreadable")
+
+    monkeypatch.setattr(keys, "_warming", [])
+    monkeypatch.setattr(keys, "headers", unreadable)
+    monkeypatch.setattr(keys, "_header_tree", lambda label: unreadable())
+    monkeypatch.setattr(keys, "library_stamp", dict)
+    monkeypatch.setattr(keys, "compilers", lambda backend: {})
+    keys.prefetch()
+    with pytest.raises(PermissionError, match="unreadable"):
+        keys.kernel_key("u" * 64, "tvm_ffi", "cuda")
