@@ -2,6 +2,8 @@
 
     PYTHONPATH=src:tests python benchmarks/bench_triton.py [--quick]
 
+0. Cold ``triton.compile`` into an empty cache, FileCacheManager vs
+   kernelcache, with the verdict of issue 23 (<= 1.05x Triton's own).
 1. Warm ``triton.compile`` (sm_90, ahead of time) of vector add, softmax and
    matmul: FileCacheManager vs kernelcache as Triton users get it (the pinned
    tier in front of the disk tier: files verified once per process, then a
@@ -119,6 +121,41 @@ def bench_warm_compile(tmp: Path, rounds: int) -> None:
             "FileCacheManager",
         )
     kt.set_cache(None)
+    use_manager(None)
+
+
+def _cpu() -> float:
+    times = os.times()  # children (ptxas) in clock ticks; this process to the nanosecond
+    return time.process_time() + times.children_user + times.children_system
+
+
+def bench_cold_compile(tmp: Path, rounds: int) -> None:
+    """Cold triton.compile into an empty cache: kernelcache vs FileCacheManager (issue 23)."""
+    print("Cold triton.compile, sm_90, empty cache each time (median wall and CPU per compile):")
+    counter = iter(range(10**9))
+    for name in KERNELS:
+        src = triton_kernels.source(name)
+        wall: dict[str, list[float]] = {"file": [], "kc": []}
+        cpu: dict[str, list[float]] = {"file": [], "kc": []}
+        for index in range(rounds):
+            for label in ("file", "kc") if index % 2 == 0 else ("kc", "file"):
+                fresh = tmp / f"cold-{next(counter)}"
+                os.environ["TRITON_CACHE_DIR"] = str(fresh / "triton")
+                os.environ[kt.ENV_DIR] = str(fresh / "kc")
+                use_manager(KC_MANAGER if label == "kc" else None)
+                kt.set_cache(None)
+                start, used = time.perf_counter(), _cpu()
+                triton.compile(src, target=triton_kernels.TARGET)
+                wall[label].append(time.perf_counter() - start)
+                cpu[label].append(_cpu() - used)
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        ratio = med["kc"] / med["file"]
+        cpu_ratio = statistics.median(cpu["kc"]) / max(statistics.median(cpu["file"]), 1e-9)
+        verdict = "PASS" if ratio <= 1.05 else "MISS"
+        print(
+            f"  {name}: kernelcache {med['kc']:.3f} s, FileCacheManager {med['file']:.3f} s, "
+            f"ratio {ratio:.2f} (CPU {cpu_ratio:.2f}); target <= 1.05x: {verdict}"
+        )
     use_manager(None)
 
 
@@ -271,7 +308,7 @@ def main() -> None:
         "--quick", action="store_true", help="fewer rounds; stampede with N = 2, 4 x 4 variants"
     )
     parser.add_argument(
-        "--only", choices=["warm", "groups", "handles", "stampede"], help="run one part"
+        "--only", choices=["cold", "warm", "groups", "handles", "stampede"], help="run one part"
     )
     args = parser.parse_args()
     rounds = 11 if args.quick else 201
@@ -279,6 +316,7 @@ def main() -> None:
     print(f"triton {triton.__version__}, python {sys.version.split()[0]}, {rounds} rounds")
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     parts: dict[str, Callable[[Path], None]] = {
+        "cold": lambda tmp: bench_cold_compile(tmp, 3 if args.quick else 7),
         "warm": lambda tmp: bench_warm_compile(tmp, rounds),
         "groups": lambda tmp: bench_groups(tmp, rounds),
         "handles": lambda tmp: bench_handles(tmp, rounds),

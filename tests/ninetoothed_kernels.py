@@ -113,7 +113,7 @@ def main(argv: list[str]) -> None:
     if "--wait-for" in argv:
         children.wait_for(argv[argv.index("--wait-for") + 1])
     mode, args = argv[0], [a for a in argv[1:] if not a.startswith("--")]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children.cpu_seconds()
     if mode == "race":
         go = argv[argv.index("--wait-for") + 1] if "--wait-for" in argv else None
         begin = os.stat(go).st_mtime + 0.2 if go else None
@@ -123,6 +123,7 @@ def main(argv: list[str]) -> None:
     else:
         report = build(args[0])
     report["seconds"] = time.perf_counter() - start
+    report["cpu_s"] = children.cpu_seconds() - cpu
     if "--upstream" not in argv:
         import kernelcache.ninetoothed
 

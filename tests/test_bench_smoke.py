@@ -123,3 +123,31 @@ def test_bench_netfs_smoke(tmp_path: Path) -> None:
     ours = [r for r in result["cost"] if r["cache"] == "kernelcache"]
     assert [r["attr_ms"] for r in ours] == [0, 1000]
     assert all(r["hit_round_trips"] > 0 for r in ours)  # the mount counted the hit's requests
+
+
+def test_bench_dsl_states_each_issue_23_target_with_a_verdict() -> None:
+    """The verdict table of bench_dsl.py (no compile: rows as its runs report them)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_dsl
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    base = {"dsl": "tilelang", "kernel": "add"}
+    cold = [
+        {**base, "cache": "upstream", "cold_s": 1.0, "cold_cpu_s": 1.0, "warm_s": 0.010,
+         "warm_cpu_s": 0.010, "used_s": 1.0, "used_cpu_s": 1.0},
+        {**base, "cache": "kernelcache", "cold_s": 1.04, "cold_cpu_s": 1.1, "warm_s": 0.012,
+         "warm_cpu_s": 0.02, "used_s": 1.2, "used_cpu_s": 1.0},
+    ]  # fmt: skip
+    many = [
+        {**base, "cache": "upstream", "procs": 2, "nvcc": 2, "wall_s": 2.0},
+        {**base, "cache": "kernelcache", "procs": 2, "nvcc": 1, "wall_s": 1.5},
+    ]
+    verdicts = {row["target"].split(": ", 1)[1]: row for row in bench_dsl.targets(cold, many)}
+    assert {k: v["verdict"] for k, v in verdicts.items()} == {
+        "cold, first run": "PASS",
+        "cold, cache in use": "MISS",
+        "hit, fresh process": "MISS",
+        "2 processes at once, wall (1 nvcc vs 2)": "PASS",
+    }
+    assert verdicts["cold, first run"]["cpu ratio"] == "1.10"

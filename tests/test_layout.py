@@ -45,6 +45,7 @@ CORE = (
     "kernelcache.stores.*",
     "kernelcache._fs",
     "kernelcache.fstype",
+    "kernelcache._memo",
     "kernelcache.units",
     "kernelcache.errors",
     "kernelcache._dirs",

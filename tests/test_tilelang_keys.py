@@ -121,28 +121,3 @@ def test_autotune_records_are_keyed_by_gpu_model(tmp_path: Path) -> None:
         assert "128" in found.libcode  # the best config's kernel, compiled through the kernel cache
         assert TunerHooks(kct.get_records, lambda: a100).load(tuner, "tuning-key") is None
         assert hooks.load(tuner, "another-key") is None
-
-
-def test_header_tree_memo_is_used_only_while_stats_are_unchanged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import json
-    import time
-
-    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
-    tree = tmp_path / "headers"
-    (tree / "cuda").mkdir(parents=True)
-    header = tree / "cuda" / "common.h"
-    header.write_text("#define A 1\n")
-    time.sleep(2.2)  # older than the timestamp granularity: trusted for the memo
-    first = keys.tree_fingerprint(str(tree))
-    memo_file = tmp_path / "kc" / keys.TREE_MEMO
-    memo = json.loads(memo_file.read_text())
-    assert memo[str(tree)]["digest"] == first
-    # The memo answers while every stat is unchanged (proved by planting a marker)...
-    memo[str(tree)]["digest"] = "planted"
-    memo_file.write_text(json.dumps(memo))
-    assert keys.tree_fingerprint(str(tree)) == "planted"
-    # ...and an edit of the same size changes the stat signature: re-hashed from content.
-    header.write_text("#define A 2\n")
-    assert keys.tree_fingerprint(str(tree)) not in ("planted", first)

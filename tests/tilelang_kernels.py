@@ -6,7 +6,8 @@ object's class and its adapter's, and the seconds the compile took. Options:
 ``--upstream`` (TileLang's own cache, kernelcache not installed),
 ``--wait-for PATH`` (after imports, create ``PATH.ready.<pid>`` and wait for
 PATH: lets a test start several compiles at the same moment), and
-``--evict-after-get`` (remove the entry and its files from the cache between
+``--variant`` (another kernel of the same kind: the add's block size, the
+GEMM's k tile), ``--evict-after-get`` (remove the entry and its files from the cache between
 kernelcache's lookup and the load: another process's eviction, injected).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 """
@@ -59,15 +60,18 @@ def gemm(m: int = 256, n: int = 256, k: int = 256, bm: int = 64, bn: int = 64, b
     return main
 
 
-KERNELS: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {
+#: ``--variant``: the same kernel with another tile size (new code, same toolchain).
+VARIANTS: dict[str, dict[str, int]] = {"add": {"block": 64}, "gemm": {"bk": 64}}
+
+KERNELS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
     "add": (add, ADD_TARGET),
     "gemm": (gemm, GEMM_TARGET),
 }
 
 
-def compile_kernel(name: str, backend: str) -> Any:
+def compile_kernel(name: str, backend: str, **params: int) -> Any:
     make, target = KERNELS[name]
-    return tilelang.compile(make(), out_idx=[2], target=target, execution_backend=backend)
+    return tilelang.compile(make(**params), out_idx=[2], target=target, execution_backend=backend)
 
 
 def _evict_after_get() -> None:
@@ -96,11 +100,13 @@ def main(argv: list[str]) -> None:
             _evict_after_get()
     if "--wait-for" in argv:
         children.wait_for(argv[argv.index("--wait-for") + 1])
-    start = time.perf_counter()
-    kernel = compile_kernel(name, backend)
-    seconds = time.perf_counter() - start
+    params = VARIANTS[name] if "--variant" in argv else {}
+    start, cpu = time.perf_counter(), children.cpu_seconds()
+    kernel = compile_kernel(name, backend, **params)
+    seconds, cpu = time.perf_counter() - start, children.cpu_seconds() - cpu
     report = {
         "seconds": seconds,
+        "cpu_s": cpu,
         "kernel_class": f"{type(kernel).__module__}.{type(kernel).__qualname__}",
         "adapter_class": f"{type(kernel.adapter).__module__}.{type(kernel.adapter).__qualname__}",
         "source_chars": len(kernel.get_kernel_source() or ""),

@@ -40,6 +40,7 @@ from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
+from kernelcache.tilelang import keys
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
@@ -103,7 +104,10 @@ def install(cache: Cache | None = None, *, device: Any = None) -> bool:
     CUDA device 0 as torch or cuda.core sees it). Calling it again replaces
     the cache and device.
     """
-    return _state.install(_tilelang.__version__, cache, {"device": device})
+    if not _state.install(_tilelang.__version__, cache, {"device": device}):
+        return False
+    keys.prefetch()  # the fields every key shares, derived while the user's code runs (issue 23)
+    return True
 
 
 def _binary_miss(cls: type, key: str, compile_format: str) -> None:

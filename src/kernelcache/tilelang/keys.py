@@ -17,17 +17,17 @@ and NVRTC's for the nvrtc backend. No field holds an absolute path.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
-import json
 import os
 import platform
 import shutil
-import time
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from kernelcache import _fs, fingerprint, toolchain
+from kernelcache import _memo, toolchain
 from kernelcache.keys import KeyBuilder
+from kernelcache.tilelang import trees
 
 NAMESPACE = "kernelcache.tilelang"
 SCHEMA = 1
@@ -54,65 +54,11 @@ def library_stamp() -> dict[str, str]:
     return stamp
 
 
-#: Memo of header-tree fingerprints under the cache directory, keyed by folder.
-TREE_MEMO = "tilelang-header-trees.json"
-
-
-def _listing(folder: str) -> tuple[list[str], str, bool]:
-    """Files under ``folder``, a digest of their stat signatures, and whether all are old enough.
-
-    Stat-only: ~1,200 ``stat`` calls cost a few ms, hashing the 33 MB ~80 ms.
-    """
-    paths: list[str] = []
-    for root, dirs, files in os.walk(folder):
-        dirs.sort()
-        paths.extend(os.path.join(root, name) for name in sorted(files))
-    rows = []
-    now, trusted = time.time_ns(), True
-    for path in paths:
-        st = os.stat(path)
-        rows.append([path, *_fs.signature(st)])
-        trusted = trusted and not _fs.too_new(st, now)
-    # A memo lookup, not a cache key: a plain digest of the listing will do.
-    signature = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
-    return paths, signature, trusted
-
-
-def tree_fingerprint(folder: str) -> str:
-    """Fingerprint of every file under ``folder`` by relative name and content.
-
-    Memoised per process, and across processes by the files' stat signatures
-    (a file changed within the timestamp granularity is never trusted, as
-    ccache does), so a hit does not re-read TileLang's ~33 MB of headers.
-    """
-    paths, signature, trusted = _listing(folder)
-    memo_path = os.path.join(os.path.dirname(toolchain.memo_path()), TREE_MEMO)
-    try:
-        with open(memo_path, "rb") as f:
-            memo = json.loads(f.read())
-    except (OSError, ValueError):
-        memo = {}  # missing or damaged: it is only a memo
-    if not isinstance(memo, dict):
-        memo = {}
-    known = memo.get(folder)
-    if isinstance(known, dict) and known.get("sig") == signature:
-        return str(known["digest"])
-    digest = fingerprint.files(paths, root=folder)
-    if trusted:
-        memo[folder] = {"sig": signature, "digest": digest}
-        try:
-            os.makedirs(os.path.dirname(memo_path), mode=0o700, exist_ok=True)
-            _fs.write_atomic(memo_path, json.dumps(memo).encode())
-        except OSError:
-            pass  # only a memo: the next process hashes again
-    return digest
-
-
 #: The header trees nvcc gets as ``-I``, by label: attributes of ``tilelang.env.env``.
 HEADER_TREES = {"templates": "TILELANG_TEMPLATE_PATH", "cutlass": "CUTLASS_INCLUDE_DIR"}
 
 
-_tree = functools.cache(tree_fingerprint)
+_tree = functools.cache(trees.tree_fingerprint)
 
 
 def headers_folder(label: str) -> str | None:
@@ -123,11 +69,12 @@ def headers_folder(label: str) -> str | None:
 
 def headers() -> dict[str, str | None]:
     """Fingerprints of the header trees nvcc gets as ``-I`` (templates, CUTLASS)."""
-    out: dict[str, str | None] = {}
-    for label in HEADER_TREES:
-        folder = headers_folder(label)
-        out[label] = _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
-    return out
+    return {label: _header_tree(label) for label in HEADER_TREES}
+
+
+def _header_tree(label: str) -> str | None:
+    folder = headers_folder(label)
+    return _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
 
 
 def compilers(backend: str) -> dict[str, str | None]:
@@ -149,10 +96,61 @@ def compilers(backend: str) -> dict[str, str | None]:
     }
 
 
+# Threads deriving the kernel-independent fields (:func:`prefetch`), joined before use.
+_warming: list[threading.Thread] = []
+_warming_lock = threading.Lock()
+_WARM_ERRORS = (OSError, RuntimeError, ValueError, AttributeError, ImportError)
+
+
+def prefetch() -> None:
+    """Start deriving the fields every kernel's key shares, in background threads.
+
+    With an empty memo (a first run, a new cache directory) they cost ~0.3 s of
+    hashing: header trees, TileLang's libraries, the compilers (issue 23).
+    :func:`~kernelcache.tilelang.install` starts them, so they overlap the
+    user's code until the first compile; the hashing and file reads release the
+    GIL, so the threads (one per header tree, one for the rest) overlap each
+    other too. Idempotent.
+    """
+    with _warming_lock:
+        if _warming:
+            return
+        jobs = [functools.partial(_header_tree, label) for label in HEADER_TREES]
+        for job in [*jobs, _libraries_and_compilers]:
+            thread = threading.Thread(target=_warm, args=(job,), name="kernelcache-tilelang-key")
+            thread.daemon = True
+            _warming.append(thread)
+        for thread in _warming:
+            thread.start()
+
+
+def _libraries_and_compilers() -> None:
+    # Of processes starting together on an empty memo, one hashes ~100 MB of
+    # libraries and probes the compilers; the others wait, then read its memo.
+    with _memo.exclusive(toolchain.memo_path()):
+        library_stamp()
+        compilers("tvm_ffi")
+
+
+def _warm(job: Callable[[], object]) -> None:
+    try:
+        job()
+    except _WARM_ERRORS:
+        return  # kernel_key derives it again, in the caller's thread, and raises there
+
+
+def _settle() -> None:
+    """Wait for :func:`prefetch` (started now if it was not), so nothing is hashed twice."""
+    prefetch()
+    for thread in _warming:
+        thread.join()
+
+
 def kernel_key(upstream_key: str, backend: str, target: Any) -> str:
     """The kernelcache key of one TileLang kernel."""
     import tilelang
 
+    _settle()
     return (
         KeyBuilder(NAMESPACE)
         .add("schema", SCHEMA)
