@@ -103,8 +103,8 @@ class Project:
 
 
 def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) -> None:
-    """Start the server for ``cache_dir`` as a client does, with ``env``; wait until it listens."""
-    from kernelcache.nvcc import client
+    """Start the server for ``cache_dir`` as the launcher does, with ``env``; wait until it listens."""
+    from kernelcache.nvcc import server
 
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if listening(cache_dir):
@@ -113,14 +113,7 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
         # take the lock from the first as a test stops it: stop() then waits
         # for the wrong server.
         return
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        client.start_server(os.fsencode(cache_dir))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server.start(str(cache_dir), env)
     wait_for(lambda: listening(cache_dir), timeout, "the server to listen")
 
 

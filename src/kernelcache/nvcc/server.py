@@ -1,9 +1,11 @@
 """The launcher's server: one warm process per user and cache directory that answers hits.
 
-Started on demand by a client (:mod:`kernelcache.nvcc.client`) as
-``python -m kernelcache.nvcc.server DIR``, in its own session, with its
-output appended to ``DIR/launcher.log``. It listens on ``DIR/launcher.sock``
-(mode 0600, in a directory that must be private to this user) and serves
+Started on demand (:func:`start`, by the in-process launcher when no server
+answered its client) as ``python -m kernelcache.nvcc.server DIR``, in its own
+session. It checks ``DIR`` first (:mod:`kernelcache._trust`: this user's, and
+every ancestor trusted), then makes every file relative to that checked
+descriptor, never through a link: its output appended to ``DIR/launcher.log``,
+its lock, and ``DIR/launcher.sock`` (mode 0600), on which it serves
 one request at a time: it enters the client's working directory, reads
 the client's environment from the request, and does the direct lookup with
 a real :class:`~kernelcache.cache.Cache` over the disk (and remote) tiers,
@@ -37,12 +39,13 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 
-from kernelcache import _fs
+from kernelcache import _trust
 from kernelcache.cache import Cache
 from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
-from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
+from kernelcache.nvcc.client import PROTOCOL, SOCKET, pack, receive
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
@@ -52,6 +55,12 @@ from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
 
 DEFAULT_IDLE = 600.0
+#: The server's output, appended (it opens it itself, once the directory is checked).
+LOG = "launcher.log"
+#: Made by the process that starts a server, removed by the server once it listens.
+STARTING = "launcher.starting"
+#: A start marker older than this belongs to a start that failed: try again.
+START_GRACE_NS = 10_000_000_000
 #: Held (flock) by the running server, which writes its pid into it.
 LOCK = "launcher.lock"
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
@@ -63,31 +72,32 @@ _REQUEST_TIMEOUT = 5.0
 #: A request is a command line and an environment: far below this.
 _REQUEST_MAX = 64 << 20
 
-__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "stop"]
+__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "start", "stop"]
 
 
 class Server:
     """The listening socket and the Caches; :meth:`run` serves until idle."""
 
-    def __init__(self, directory: str, idle: float) -> None:
+    def __init__(self, directory: str, dir_fd: int, idle: float) -> None:
         self.directory = os.path.abspath(directory)
+        #: The checked directory (:mod:`kernelcache._trust`): every file is made relative to it.
+        self.dir_fd = dir_fd
         self.idle = idle
         self.caches: dict[Settings, Cache] = {}
         self.known = Identities()
         #: (answer, whether to the compiled client) -> how many, for the log
         self.answered: dict[tuple[str, bool], int] = {}
-        self.dir_id = _identity(os.stat(self.directory))
+        self.dir_id = _identity(os.fstat(dir_fd))
         self.path = os.path.join(self.directory, os.fsdecode(SOCKET))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a crashed server's; the lock says none is alive
-        old = os.umask(0o177)
-        try:
-            self.sock.bind(_address(self.path))
+            os.unlink(SOCKET, dir_fd=dir_fd)  # a crashed server's; the lock says none is alive
+        old = os.umask(0o177)  # mode 0600 from the start
+        try:  # through the descriptor: the checked directory, and no sun_path length limit
+            self.sock.bind(f"/proc/self/fd/{dir_fd}/{os.fsdecode(SOCKET)}")
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
-        self.sock_id = _identity(os.lstat(self.path))
+        self.sock_id = _identity(os.stat(SOCKET, dir_fd=dir_fd, follow_symlinks=False))
         self.sock.listen(128)
         self.sock.settimeout(_TICK)
 
@@ -112,7 +122,8 @@ class Server:
 
     def _still_bound(self) -> bool:
         try:
-            return _identity(os.lstat(self.path)) == self.sock_id
+            st = os.stat(SOCKET, dir_fd=self.dir_fd, follow_symlinks=False)
+            return _identity(st) == self.sock_id
         except OSError:
             return False
 
@@ -213,7 +224,7 @@ class Server:
         self.close_caches()
         if self._still_bound():
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                os.unlink(SOCKET, dir_fd=self.dir_fd)
         self.sock.close()
 
 
@@ -238,14 +249,6 @@ def _send(conn: socket.socket, items: list[bytes]) -> None:
         conn.sendall(pack(items))
 
 
-def _address(path: str) -> str:
-    """``path``, or a short alias through ``/proc/self/fd`` when it is too long for sun_path."""
-    if len(os.fsencode(path)) <= 107:
-        return path
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}"  # fd stays open while we live
-
-
 def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
     """``KERNELCACHE_SERVER_IDLE`` seconds (default 600); a bad value gives the default."""
     try:
@@ -255,15 +258,10 @@ def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
     return value if value > 0 else DEFAULT_IDLE
 
 
-def _private(directory: str) -> bool:
-    # Stricter than the disk tier: not even root's, since a program runs from here.
-    return _fs.ownership_problem(os.lstat(directory), allow_root=False) is None
-
-
 def stop(directory: str, timeout: float = 10.0) -> bool:
     """Stop the server of ``directory`` (SIGTERM) and wait for it; ``False`` if none runs."""
     try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR)
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
@@ -295,28 +293,37 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kernelcache.nvcc.server CACHE_DIR", file=sys.stderr)
         return 2
-    directory = argv[0]
+    directory = os.path.abspath(argv[0])
     # Hold none of the starting client's descriptors (a build tool's pipes).
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        if not _private(directory):
-            print(f"kernelcache server: {directory} is not private to this user", file=sys.stderr)
-            return 1
-        lock = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        # Stricter than the disk tier: this user's own, not even root's, since
+        # a program runs from here. Nothing is written before this check.
+        dir_fd = _trust.open_dir(directory, allow_root=False)
+        if dir_fd is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", directory)
+        log = _trust.open_file(dir_fd, LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        lock = _trust.open_file(dir_fd, LOCK, os.O_RDWR | os.O_CREAT)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(lock, 0)
         os.write(lock, b"%d\n" % os.getpid())  # for stop()
+    except _trust.UntrustedDirectory as exc:
+        print(f"kernelcache server: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
             return 0  # another server holds the directory
         print(f"kernelcache server: {exc}", file=sys.stderr)
         return 1
-    server = Server(directory, idle_seconds(os.environ))
+    server = Server(directory, dir_fd, idle_seconds(os.environ))
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, os.fsdecode(STARTING)))
+        os.unlink(STARTING, dir_fd=dir_fd)
     build = None
     try:
         build = start_build(server.directory, os.environ)
@@ -326,6 +333,61 @@ def main(argv: list[str]) -> int:
         if build is not None:
             build.join()  # each of its steps is bounded (native.STEP_TIMEOUT)
     return 0
+
+
+def start(directory: str, environ: Mapping[str, str]) -> bool:
+    """Start the server for ``directory`` in the background, unless one is starting.
+
+    Called by the in-process launcher when no server answered, after the
+    directory passed the trust rule (as the server's own: this user's):
+    nothing is written into a directory that is not trusted, and the start
+    marker is made relative to the checked descriptor, never through a link.
+    ``False`` when nothing was started.
+    """
+    try:
+        dir_fd = _trust.open_dir(directory, allow_root=False, create=True)
+    except (_trust.UntrustedDirectory, OSError):
+        return False
+    if dir_fd is None:  # pragma: no cover - create=True makes it
+        return False
+    try:
+        if not _claim_start(dir_fd):
+            return False
+    finally:
+        os.close(dir_fd)
+    env = {**environ, "KERNELCACHE_DIR": directory}
+    # sh puts the server in the background and exits at once: the server is
+    # then nobody's child (no zombie in a long-lived caller) and holds none of
+    # the caller's pipes. It opens its log itself, once it has checked the directory.
+    script = 'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >/dev/null 2>&1 &'
+    argv = ["/bin/sh", "-c", script, sys.executable, directory]
+    try:
+        pid = os.posix_spawn("/bin/sh", argv, env)
+        os.waitpid(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _claim_start(dir_fd: int) -> bool:
+    """Make the start marker; ``False`` when another start, younger than the grace, holds it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        os.close(_trust.open_file(dir_fd, STARTING, flags))
+        return True
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.stat(STARTING, dir_fd=dir_fd, follow_symlinks=False)
+        if st.st_mtime_ns > time.time_ns() - START_GRACE_NS:
+            return False  # another process started one a moment ago
+        os.unlink(STARTING, dir_fd=dir_fd)
+        os.close(_trust.open_file(dir_fd, STARTING, flags))
+    except OSError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
