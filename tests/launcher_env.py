@@ -211,20 +211,37 @@ class FakeServer:
 
 
 def client_path(cache_dir: Path) -> Path:
-    """Where ``kernelcache`` looks for the compiled client of this checkout, on this host."""
+    """Where ``kernelcache`` looks for the compiled client of this checkout, on this machine."""
     from kernelcache.nvcc import native
 
-    host = native.host_name()
-    assert host is not None, "this host's name cannot be part of a file name"
-    return cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), host)
+    tag = native.platform_tag()
+    assert tag is not None, "this host's name cannot be part of a file name"
+    return cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), tag)
+
+
+def mark(path: Path, boot: str | None = None) -> Path:
+    """Say that ``path`` (a client) ran on this machine since ``boot`` (default: this boot)."""
+    from kernelcache.nvcc import native
+
+    boot = boot or native.boot_id()
+    assert boot is not None
+    link = path.with_name(native.mark_name(path.name, boot))
+    link.unlink(missing_ok=True)
+    os.link(path, link)
+    return link
 
 
 def install_client(cache_dir: Path, binary: Path) -> Path:
-    """Put ``binary`` where ``kernelcache`` looks for the compiled client, as the server would."""
+    """Put ``binary`` where ``kernelcache`` looks for the compiled client, as the server would:
+    this user's, mode 1700 (the sticky bit marks a client the server built), marked for this boot."""
+    from kernelcache.nvcc import native
+
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = client_path(cache_dir)
+    target.unlink(missing_ok=True)
     shutil.copyfile(binary, target)
-    target.chmod(0o700)
+    target.chmod(native.MODE)
+    mark(target)
     return target
 
 

@@ -81,7 +81,7 @@ def open_dir(path: str, *, allow_root: bool = True, create: bool = False) -> int
                 if problem is None:
                     fd, kept = -1, fd
                     return kept
-                problem = f"{where}: {problem}"
+                problem = problem if where == os.path.normpath(path) else f"{where}: {problem}"
                 break
             name = pending.pop(0)
             try:
@@ -114,8 +114,9 @@ def open_dir(path: str, *, allow_root: bool = True, create: bool = False) -> int
                 continue
             os.close(fd)
             fd, where = child, os.path.normpath(os.path.join(where, name))
-            problem = _ancestor_problem(os.fstat(fd), where)
-        raise UntrustedDirectory(f"refusing {path}: {problem}")
+            if any(part not in ("", ".") for part in pending):  # the last one: checked above
+                problem = _ancestor_problem(os.fstat(fd), where)
+        raise UntrustedDirectory(f"{path}: {problem}")
     finally:
         if fd >= 0:
             os.close(fd)
@@ -126,7 +127,7 @@ def refusal(path: str, *, allow_root: bool = True) -> str | None:
     try:
         fd = open_dir(path, allow_root=allow_root)
     except UntrustedDirectory as exc:
-        return str(exc)
+        return f"refusing {exc}"
     except OSError as exc:
         return f"refusing {path}: {exc.strerror or exc}"
     if fd is not None:

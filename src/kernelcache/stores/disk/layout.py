@@ -222,7 +222,7 @@ class Layout:
         except _trust.UntrustedDirectory as exc:
             self.refused()
             fix = "`chmod go-w` what others can write (as its owner) or use another KERNELCACHE_DIR"
-            raise UnsafeDirectory(f"{exc}; {fix}") from None
+            raise UnsafeDirectory(f"refusing cache directory {exc}; {fix}") from None
         except NotADirectoryError:
             self.refused()
             raise UnsafeDirectory(

@@ -294,6 +294,6 @@ def _check_directory(folder: str, create: bool) -> None:
     try:
         fd = _trust.open_dir(folder, create=create)
     except _trust.UntrustedDirectory as exc:
-        raise PermissionError(errno.EPERM, str(exc)) from None
+        raise PermissionError(errno.EPERM, f"refusing {exc}") from None
     if fd is not None:
         os.close(fd)
