@@ -5,7 +5,7 @@
  * The launcher's server builds it in the background into the cache directory
  * (kernelcache/nvcc/native.py) and bin/kernelcache runs it as
  *
- *     launcher-client-<hash>-<host> PYTHON SCRIPT NVCC ARGS...
+ *     launcher-client-<hash>-<machine>-<system>-<libc>-<host> PYTHON SCRIPT NVCC ARGS...
  *
  * It asks the server through launcher.sock exactly as client.py does (the
  * same cache directory, checks and request), then:
@@ -19,7 +19,16 @@
  *     execs PYTHON -m kernelcache.nvcc.launcher NVCC ARGS..., which is
  *     correct without any server.
  * Every length in a reply is checked before it is used.
- * "launcher-client-... --protocol" prints the protocol: the server's self-test.
+ * "launcher-client-... --protocol" prints the protocol: the server's self-test;
+ * "--trusted DIR" exits 0 when DIR passes the trust rule (tests compare it
+ * with kernelcache/_trust.py on the same trees).
+ *
+ * bin/kernelcache runs it through a descriptor (/proc/self/fd/9): the file
+ * it opened and checked is the file that runs. Before it asks anything, the
+ * client checks that the cache directory and every ancestor are trusted
+ * (open_trusted_dir) and that it is that directory's client (runs_from);
+ * otherwise it hands over to the in-process launcher, which says why and
+ * compiles without the cache (issue 19).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -602,6 +611,10 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         puts(KC_PROTOCOL);
         return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "--trusted") == 0) { /* for the test of the one rule */
+        int fd = open_trusted_dir(argv[2]);
+        return fd < 0 ? 1 : 0;
     }
     if (argc < 4) {
         fprintf(stderr, "usage: %s PYTHON SCRIPT NVCC ARGS...\n", argv[0]);
