@@ -133,9 +133,13 @@ def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome |
 
 
 def _open_cache(settings: Settings) -> Cache:
+    from kernelcache import _trust
     from kernelcache.cache import Cache
     from kernelcache.errors import StoreError
 
+    refused = _trust.refusal(settings.dir)
+    if refused is not None:  # said once, by the caller: no tier is opened to say it again
+        raise StoreError(refused)
     cache = Cache(settings=settings)
     refused = next((tier.unusable for tier in cache.tiers if tier.unusable), None)
     if refused is not None:  # the directory is someone else's, or not one: say so

@@ -264,6 +264,10 @@ def stop(directory: str, timeout: float = 10.0) -> bool:
         fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False  # a link where the lock belongs: no server of ours holds it
+        raise
     try:
         if _try_lock(fd):
             return False
