@@ -4,6 +4,7 @@ that cannot start (issue 19, items 6, 7 and 9), with a real second uid and real 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -154,19 +155,6 @@ def test_an_untrusted_directory_gets_nothing_but_plain_nvcc_and_one_line(
     assert server_pid(cache) is None
 
 
-def _servers_of(cache: Path) -> list[int]:
-    """Servers running for ``cache`` (read from /proc: the start is in the background)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"kernelcache.nvcc.server" in cmdline and os.fsencode(cache) in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.fixture
 def outside(shared_base: Path) -> Iterator[Path]:
     """A root-owned 0600 file outside the cache, the target of planted links."""
@@ -201,13 +189,13 @@ def test_a_planted_link_is_never_written_through(
     (project.cache / name).symlink_to(outside)
     project.env["KERNELCACHE_COMPILED_CLIENT"] = "0"
     try:
-        for _ in range(2):
-            (project.project / "k.cubin").unlink(missing_ok=True)
-            assert project.run().returncode == 0
-            wait_for(lambda: listening(project.cache) or not _servers_of(project.cache), 60,
-                     "the server to listen or give up")  # fmt: skip
+        assert project.run().returncode == 0  # a miss; it starts a server (unless it refuses)
+        with contextlib.suppress(TimeoutError):  # refusing to start is right for some links
+            wait_for(lambda: listening(project.cache), 15, "the server to listen")
+        (project.project / "k.cubin").unlink()
+        assert project.run().returncode == 0  # a hit, from the server if one listens
     finally:
-        server.stop(str(project.cache))
+        server.stop(str(project.cache))  # its report goes to the log
 
 
 def _foreign_elf(path: Path) -> None:

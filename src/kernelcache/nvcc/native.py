@@ -9,16 +9,39 @@ install time and nothing on a hit path: the server
 thread (:func:`start`) when ``cc`` or ``gcc`` is on its ``PATH`` and this
 source's binary for this host is missing:
 
-- into the cache directory, which the server has checked is private to this
-  user, as ``launcher-client-<16 hex of the source's SHA-256>-<host name>``:
-  a binary of another version is never run (``bin/kernelcache`` names the
-  one it expects), nor one built on another machine that shares the
-  directory (another architecture or C library);
+- into the cache directory, which the server has checked by the trust rule
+  (:mod:`kernelcache._trust`: this user's own, every ancestor trusted), as
+  ``launcher-client-<16 hex of the source's SHA-256>-<machine>-<system>-<libc>-<host>``
+  (:func:`platform_tag`): a binary of another version is never run
+  (``bin/kernelcache`` names the one it expects), nor one built on a machine
+  of another architecture or C library that shares the directory;
 - statically linked where the C library allows it (it then runs in any
   container of this host), dynamically otherwise;
 - under a temporary name, run once (it must print :data:`client.PROTOCOL`:
   it can run here, from this directory, and speaks this server's protocol),
-  then mode 0700 and an atomic rename.
+  then mode 1700 (:data:`MODE`: the sticky bit says "a client this user's
+  server built", which the front checks on the file it opened) and an
+  atomic rename;
+- marked for this boot (:func:`mark_name`: a hard link ``<name>.ok-<boot id>``,
+  the very same file). The front runs only a marked client: a binary that a
+  same-named machine left under this name and that cannot start here (its
+  C library's version is not in the name) is never run; the server checks
+  it (:func:`ensure`: run once), and removes and rebuilds what does not run.
+
+How ``bin/kernelcache`` runs it, and why that is safe although a shell cannot
+``fexecve``: it opens the file on descriptor 9, checks *that open file*
+(``/proc/self/fd/9``: regular, executable, this user's, with the sticky
+mark, the same file as this boot's mark) and executes ``/proc/self/fd/9``,
+which is what glibc's ``fexecve`` does without ``execveat``: what runs is the
+file checked, whatever happens to the path meanwhile. Another user who can
+change the path (a parent they can write) can then only make it run a file
+of this user's that this user's server marked: a kernelcache client, which
+checks the directory and every ancestor itself (``client.c``), and that it
+is that directory's own file, before it asks anything; failing that it hands
+over to the in-process launcher, which refuses the directory and compiles
+with plain nvcc. Opening a planted FIFO could still block the front: that
+costs a build its progress, not its safety, and needs a directory others
+can write, which the launcher warns about on every call.
 
 A failed build is logged in ``launcher.log``, counted
 (``compiled_client_failed`` in the launcher statistics) and remembered in
