@@ -104,7 +104,7 @@ class Project:
 
 def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) -> None:
     """Start the server for ``cache_dir`` as the launcher does, with ``env``; wait until it listens."""
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import spawn
 
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if listening(cache_dir):
@@ -113,7 +113,7 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
         # take the lock from the first as a test stops it: stop() then waits
         # for the wrong server.
         return
-    server.start(str(cache_dir), env)
+    spawn.start(str(cache_dir), env)
     wait_for(lambda: listening(cache_dir), timeout, "the server to listen")
 
 

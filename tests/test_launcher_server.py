@@ -302,3 +302,9 @@ def test_outputs_written_by_the_server_get_the_callers_umask(setup: Project) -> 
         assert proc.returncode == 0
         assert stat.S_IMODE((setup.project / "k.cubin").stat().st_mode) == 0o666 & ~umask
     assert stats(setup.cache)["server_hits"] == 2
+
+
+def test_the_starter_and_the_client_name_one_socket() -> None:
+    from kernelcache.nvcc import spawn
+
+    assert os.fsencode(spawn.SOCKET) == client.SOCKET

@@ -164,3 +164,23 @@ def test_a_directory_a_program_runs_from_must_be_your_own(shared_base: Path) -> 
     os.chown(folder, OTHER, OTHER)
     with pytest.raises(_trust.UntrustedDirectory, match="not to you"):
         _trust.open_dir(str(folder), allow_root=False)
+
+
+def test_the_tiers_refuse_what_the_rule_refuses(shared_base: Path) -> None:
+    from kernelcache.errors import StoreError
+    from kernelcache.stores.disk import DiskStore
+    from kernelcache.stores.sqlite import SQLiteStore
+
+    shared = others_dir(shared_base / "shared", 0o777)
+    disk = DiskStore(str(shared / "kc"))
+    assert disk.unusable is not None
+    assert "belongs to uid 65534" in disk.unusable
+    sqlite = SQLiteStore(str(shared / "db" / "cache.sqlite"), open_now=False)
+    with pytest.raises(StoreError, match="refusing"):
+        sqlite.get("0" * 64)
+    assert list(shared.iterdir()) == []  # neither made its directory there
+    (shared_base / "file").write_text("")
+    not_a_dir = DiskStore(str(shared_base / "file"))
+    assert not_a_dir.unusable is not None
+    assert "not a directory" in not_a_dir.unusable
+    assert _trust.refusal(str(shared_base / "file" / "below")) is not None

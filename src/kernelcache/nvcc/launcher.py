@@ -81,29 +81,11 @@ def main(argv: list[str]) -> int:
 
 
 def _wake_server(settings: Settings) -> None:
-    """Start the server for the next call when none answers (see :mod:`kernelcache.nvcc.client`).
+    """Start the server for the next call when none listens (see :mod:`kernelcache.nvcc.spawn`)."""
+    if not settings.read_only:  # read-only writes nothing, and a server would
+        from kernelcache.nvcc import spawn
 
-    Only for the directory the client asks in, never when read-only or
-    ``KERNELCACHE_SERVER=0``; :func:`kernelcache.nvcc.server.start` applies
-    the trust rule before it writes anything.
-    """
-    from kernelcache.nvcc import client
-
-    env = dict(os.environb)
-    if settings.read_only or client.is_false(env.get(b"KERNELCACHE_SERVER")):
-        return
-    directory = client.cache_dir(env, os.getcwdb())
-    if directory is None or os.path.abspath(os.fsdecode(directory)) != os.path.abspath(
-        settings.dir
-    ):
-        return
-    sock = client.connect(directory, 1.0)
-    if sock is not None:
-        sock.close()  # one listens (it reads an empty request and counts nothing)
-        return
-    from kernelcache.nvcc import server
-
-    server.start(os.fsdecode(directory), os.environ)
+        spawn.wake(settings.dir, os.environ)
 
 
 def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome | None]:

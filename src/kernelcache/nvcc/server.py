@@ -1,6 +1,6 @@
 """The launcher's server: one warm process per user and cache directory that answers hits.
 
-Started on demand (:func:`start`, by the in-process launcher when no server
+Started on demand (:func:`kernelcache.nvcc.spawn.start`, by the in-process launcher when no server
 answered its client) as ``python -m kernelcache.nvcc.server DIR``, in its own
 session. It checks ``DIR`` first (:mod:`kernelcache._trust`: this user's, and
 every ancestor trusted), then makes every file relative to that checked
@@ -39,7 +39,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
 
 from kernelcache import _trust
 from kernelcache.cache import Cache
@@ -51,16 +50,13 @@ from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
 from kernelcache.nvcc.native import start as start_build
 from kernelcache.nvcc.outputs import write_outputs
+from kernelcache.nvcc.spawn import STARTING
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
 
 DEFAULT_IDLE = 600.0
 #: The server's output, appended (it opens it itself, once the directory is checked).
 LOG = "launcher.log"
-#: Made by the process that starts a server, removed by the server once it listens.
-STARTING = "launcher.starting"
-#: A start marker older than this belongs to a start that failed: try again.
-START_GRACE_NS = 10_000_000_000
 #: Held (flock) by the running server, which writes its pid into it.
 LOCK = "launcher.lock"
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
@@ -72,7 +68,7 @@ _REQUEST_TIMEOUT = 5.0
 #: A request is a command line and an environment: far below this.
 _REQUEST_MAX = 64 << 20
 
-__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "start", "stop"]
+__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "stop"]
 
 
 class Server:
@@ -337,61 +333,6 @@ def main(argv: list[str]) -> int:
         if build is not None:
             build.join()  # each of its steps is bounded (native.STEP_TIMEOUT)
     return 0
-
-
-def start(directory: str, environ: Mapping[str, str]) -> bool:
-    """Start the server for ``directory`` in the background, unless one is starting.
-
-    Called by the in-process launcher when no server answered, after the
-    directory passed the trust rule (as the server's own: this user's):
-    nothing is written into a directory that is not trusted, and the start
-    marker is made relative to the checked descriptor, never through a link.
-    ``False`` when nothing was started.
-    """
-    try:
-        dir_fd = _trust.open_dir(directory, allow_root=False, create=True)
-    except (_trust.UntrustedDirectory, OSError):
-        return False
-    if dir_fd is None:  # pragma: no cover - create=True makes it
-        return False
-    try:
-        if not _claim_start(dir_fd):
-            return False
-    finally:
-        os.close(dir_fd)
-    env = {**environ, "KERNELCACHE_DIR": directory}
-    # sh puts the server in the background and exits at once: the server is
-    # then nobody's child (no zombie in a long-lived caller) and holds none of
-    # the caller's pipes. It opens its log itself, once it has checked the directory.
-    script = 'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >/dev/null 2>&1 &'
-    argv = ["/bin/sh", "-c", script, sys.executable, directory]
-    try:
-        pid = os.posix_spawn("/bin/sh", argv, env)
-        os.waitpid(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
-def _claim_start(dir_fd: int) -> bool:
-    """Make the start marker; ``False`` when another start, younger than the grace, holds it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    try:
-        os.close(_trust.open_file(dir_fd, STARTING, flags))
-        return True
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        st = os.stat(STARTING, dir_fd=dir_fd, follow_symlinks=False)
-        if st.st_mtime_ns > time.time_ns() - START_GRACE_NS:
-            return False  # another process started one a moment ago
-        os.unlink(STARTING, dir_fd=dir_fd)
-        os.close(_trust.open_file(dir_fd, STARTING, flags))
-    except OSError:
-        return False
-    return True
 
 
 if __name__ == "__main__":
