@@ -100,7 +100,7 @@ FORGED = "a compiler identity forged by another user"
 
 def _forged_memo(cc: str) -> bytes:
     real = os.path.realpath(cc)
-    sigs = [list(_fs.signature(os.stat(real)))]
+    sigs = [list(_fs.signature(os.stat(p))) for p in [real, *toolchain.script_targets(real)]]
     entry = {"sigs": sigs, "identity": FORGED}
     return json.dumps({"version": 2, "files": {}, "executables": {real: entry}}).encode()
 
