@@ -22,6 +22,11 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__i
     if missing torch; then
         .venv/bin/python -m pip install -q "torch==2.13.0"
     fi
-    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed]"
+    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed,inductor]"
     touch "$stamp"
+fi
+# The quick start leaves a usable command: say which, unless PATH already finds it (issue 20).
+here=$(pwd -P)
+if [ "$(command -v kernelcache 2>/dev/null)" != "$here/.venv/bin/kernelcache" ]; then
+    echo "kernelcache: the command is $here/.venv/bin/kernelcache (not on PATH; to add it: export PATH=\"$here/.venv/bin:\$PATH\")" >&2
 fi

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +12,27 @@ import pytest
 from redis_cluster import own_cluster, redis_cluster  # noqa: F401 (fixtures for every test file)
 from redis_proxy import proxy  # noqa: F401
 from redis_server import ns, own_redis, raw, redis_server  # noqa: F401
+
+#: The suite's own home directory (pytest_configure): the user's stays untouched.
+_HOME: dict[str, str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """HOME and XDG_CACHE_HOME point at a temporary directory for the whole run, set in
+    os.environ before any test is collected, so every subprocess inherits them: the
+    suite never writes into the user's ~/.cache/kernelcache (issue 20: the toolchain
+    probes' and TileLang's memos landed there)."""
+    if _HOME:
+        return
+    home = tempfile.mkdtemp(prefix="kernelcache-test-home-")
+    _HOME["home"] = home
+    os.environ["HOME"] = home
+    os.environ["XDG_CACHE_HOME"] = os.path.join(home, ".cache")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _HOME:
+        shutil.rmtree(_HOME["home"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

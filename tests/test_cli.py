@@ -126,10 +126,10 @@ def test_stats_json_and_human(cache_dir: Path) -> None:
     assert zeroed["lifetime"]["tiers"]["memory"]["hits"] == 3
 
 
-def test_stats_of_an_empty_directory(tmp_path: Path) -> None:
-    report = kc_json(tmp_path / "none", "stats")
-    assert report["entries"] == 0
-    assert report["period"]["tiers"] == {}
+def test_stats_of_a_directory_without_a_cache(tmp_path: Path) -> None:
+    out = kc(tmp_path / "none", "stats", "--json")
+    assert out.returncode == 1  # a typo in --dir is said, not shown as zeros (issue 20)
+    assert "no cache at" in out.stderr
     assert not (tmp_path / "none").exists()  # looking creates nothing
 
 

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from cli_run import kc, kc_json
 from kernelcache import Cache, Entry, Settings
 from kernelcache.stores.redis import RedisStore
 from redis_server import RedisServer
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-
-def kc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    full.update(PYTHONPATH=SRC, **env)
-    return subprocess.run(
-        [sys.executable, "-m", "kernelcache", *args],
-        env=full, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def kc_json(*args: str, env: dict[str, str]) -> Any:
-    proc = kc(*args, "--json", env=env)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
 
 
 def fill(settings: Settings, count: int, size: int) -> list[str]:
@@ -101,7 +81,7 @@ def test_the_remote_tier_is_listed_and_looking_changes_nothing(
         assert [(r["key"], r["tier"]) for r in rows] == [("only-remote", "redis")]
         assert kc_json("show", "only-remote", env=env)["tier"] == "redis"
         assert not (tmp_path / "c").exists()  # looking never creates the local tier
-        assert kc("clear", "--yes", env=env).returncode == 0
+        assert kc("clear", "--yes", "--remote", env=env).returncode == 0
         assert remote.get("only-remote") is None
 
 

@@ -161,8 +161,6 @@ def _dir_case(case: str, tmp: Path, env: dict[str, str]) -> None:
     env["HOME"] = str(tmp / "home")
     if case in ("absolute", "duplicates"):
         env["KERNELCACHE_DIR"] = str(tmp / "kc")
-    elif case == "relative":
-        env["KERNELCACHE_DIR"] = "rel/kc"
     elif case == "tilde":
         env["KERNELCACHE_DIR"] = "~/kc"
     elif case == "xdg":
@@ -171,7 +169,8 @@ def _dir_case(case: str, tmp: Path, env: dict[str, str]) -> None:
         env["KERNELCACHE_DIR"] = str(tmp / ("d" * 60) / ("e" * 60))
 
 
-DIR_CASES = ["absolute", "relative", "tilde", "xdg", "default", "long", "duplicates"]
+# A relative KERNELCACHE_DIR is refused (issue 20): the Python client asks no server.
+DIR_CASES = ["absolute", "tilde", "xdg", "default", "long", "duplicates"]
 HIT = client.pack([b"hit", b"3", bytes(range(256)) * 4 + b"\0end", b"warning: x\n" * 100_000])
 
 

@@ -42,6 +42,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 def test_client_finds_the_settings_directory(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env: dict[str, str]
 ) -> None:
+    from kernelcache.errors import ConfigError
     from kernelcache.nvcc import client
     from kernelcache.settings import Settings
 
@@ -52,6 +53,11 @@ def test_client_finds_the_settings_directory(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     found = client.cache_dir(dict(os.environb), os.getcwdb())
+    if env.get("KERNELCACHE_DIR") == "rel/kc":  # refused by the settings (issue 20)
+        assert found is None
+        with pytest.raises(ConfigError, match="KERNELCACHE_DIR must be an absolute path"):
+            Settings.load()
+        return
     if found is None:  # unsure: the launcher then runs in-process, with the Settings
         assert env.get("XDG_CACHE_HOME", "/").startswith("rel") or env.get("HOME") == "relative"
         return

@@ -206,7 +206,8 @@ def test_a_server_speaking_garbage_is_a_miss(tmp_path: Path) -> None:
         for _ in range(3):
             start = time.perf_counter()
             assert cache.get("k") is None
-            assert time.perf_counter() - start < 0.9
+            # Bounded by the 0.3 s timeout; generous for a loaded CI machine (issue 20.10).
+            assert time.perf_counter() - start < 10
         assert remote.counters.errors == 3
         assert remote.breaker.state == "open"
         cache.put("k", _cubin())  # skipped by the breaker

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import types
 from typing import Any
 
 import pytest
@@ -17,11 +18,11 @@ import redis
 from kernelcache import Cache, Entry
 from kernelcache.errors import StoreError
 from kernelcache.stores.memory import MemoryStore
-from kernelcache.stores.redis import RedisStore
+from kernelcache.stores.redis import RedisStore, badvalues
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.badvalues import BadValues
 from redis_proxy import MisbehavingProxy
-from redis_server import RedisServer
+from redis_server import LOADED, RedisServer
 
 CHUNK = fmt.MIN_CHUNK_SIZE
 
@@ -96,7 +97,7 @@ def test_a_256_mib_value_at_an_entry_key_is_refused_unread(
 ) -> None:
     name = _name(ns, "k")
     raw.setrange(name, (256 << 20) - 1, b"x")  # made by the server: this test never holds it
-    store = RedisStore(redis_server.url, namespace=ns, read_only=read_only)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED, read_only=read_only)
     sent = raw.info("stats")["total_net_output_bytes"]
     assert store.get("k") is None
     assert raw.info("stats")["total_net_output_bytes"] - sent < 64 << 20  # not 256 MiB
@@ -151,7 +152,9 @@ def test_a_zstd_bomb_is_refused_before_inflating(
         return real(frame, size)
 
     monkeypatch.setattr(fmt, "decompress", spy)
-    store = RedisStore(redis_server.url, namespace=ns, max_entry_size=max_entry_size)
+    store = RedisStore(
+        redis_server.url, namespace=ns, timeout=LOADED, max_entry_size=max_entry_size
+    )
     assert store.get("k") is None
     assert store.get("k") is None
     assert inflated == []  # refused before the work (before: +971 MiB and ~2 s per read)
@@ -178,7 +181,7 @@ def test_a_manifest_claiming_100000_chunks_fetches_none(
 ) -> None:
     name, value = _manifest_record(ns, "k", 100_000, stored)
     raw.set(name, value)
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     raw.config_resetstat()
     assert store.get("k") is None
     assert _misses(raw) == 0  # not one chunk looked up
@@ -192,7 +195,7 @@ def test_missing_chunks_stop_the_read_at_the_first_call(
 ) -> None:
     name, value = _manifest_record(ns, "k", 2000, 2000 * CHUNK)  # 125 MiB, none of it there
     raw.set(name, value)
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     raw.config_resetstat()
     assert store.get("k") is None
     assert store.counters.corrupt == 1
@@ -203,14 +206,16 @@ def test_max_entry_size_is_configurable_and_binds_both_ways(
     redis_server: RedisServer, ns: str
 ) -> None:
     big = Entry({"a": os.urandom(3 << 20)})
-    small_limit = RedisStore(f"{redis_server.url}?max_entry_size=2M", namespace=ns)
+    small_limit = RedisStore(f"{redis_server.url}?max_entry_size=2M", namespace=ns, timeout=LOADED)
     assert small_limit.max_entry_size == 2 << 20
     with pytest.raises(StoreError, match="max_entry_size"):
         small_limit.put("k", big)
-    RedisStore(redis_server.url, namespace=ns, chunk_size=1 << 20).put("k", big)
+    RedisStore(redis_server.url, namespace=ns, timeout=LOADED, chunk_size=1 << 20).put("k", big)
     assert small_limit.get("k") is None
     assert small_limit.counters.oversized == 1
-    assert RedisStore(redis_server.url, namespace=ns).get("k") == big  # left for the peer
+    assert (
+        RedisStore(redis_server.url, namespace=ns, timeout=LOADED).get("k") == big
+    )  # left for the peer
 
 
 # Remembered bad values ---------------------------------------------------------------------
@@ -229,12 +234,16 @@ def test_bad_values_are_forgotten_after_a_while_and_bounded() -> None:
 def test_values_remembered_as_bad_are_read_again_later(
     redis_server: RedisServer, raw: redis.Redis, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, read_only=True)
-    monkeypatch.setattr(store.bad, "seconds", 0.05)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED, read_only=True)
     raw.set(_name(ns, "k"), b"garbage")
     assert store.get("k") is None
     assert store.counters.corrupt == 1
-    RedisStore(redis_server.url, namespace=ns).put("k", Entry({"a": b"fixed"}))  # repaired
+    RedisStore(redis_server.url, namespace=ns, timeout=LOADED).put(
+        "k", Entry({"a": b"fixed"})
+    )  # repaired
     assert store.get("k") is None  # still remembered as bad
-    time.sleep(0.06)
+    # Later: the memory's clock moved past BAD_SECONDS (not slept: a loaded machine's
+    # repair put could outlast a short memory and fail the line above; issue 20).
+    later = time.monotonic() + store.bad.seconds + 1
+    monkeypatch.setattr(badvalues, "time", types.SimpleNamespace(monotonic=lambda: later))
     assert store.get("k") is not None

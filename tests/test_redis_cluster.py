@@ -15,7 +15,7 @@ from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
 from redis_cluster import LocalCluster
-from redis_server import unique_namespace
+from redis_server import LOADED, unique_namespace
 
 CHUNK = fmt.MIN_CHUNK_SIZE
 
@@ -40,7 +40,7 @@ def test_cluster_urls_select_redis_cluster_with_bounded_connections(
     url = redis_cluster.url
     if form == "query":
         url = url.replace("redis+cluster://", "redis://") + "?cluster=1"
-    store = RedisStore(url, namespace=unique_namespace())
+    store = RedisStore(url, namespace=unique_namespace(), timeout=LOADED)
     assert store.cluster
     assert "cluster" in repr(store)
     entry = Entry({"kernel.cubin": os.urandom(5000)})
@@ -55,7 +55,9 @@ def test_cluster_urls_select_redis_cluster_with_bounded_connections(
 
 def test_an_entry_its_chunks_and_its_lease_live_in_one_slot(redis_cluster: LocalCluster) -> None:
     ns = unique_namespace()
-    store = RedisStore(redis_cluster.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    store = RedisStore(
+        redis_cluster.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30, timeout=LOADED
+    )
     entry = Entry({"blob": os.urandom(5 * CHUNK)})
     store.put("k", entry)  # the Lua publish touches the record and every chunk: one slot
     lock = store.flight_lock("k")
@@ -74,7 +76,9 @@ def test_an_entry_its_chunks_and_its_lease_live_in_one_slot(redis_cluster: Local
 
 def test_listing_and_clearing_scan_every_node(redis_cluster: LocalCluster) -> None:
     ns = unique_namespace()
-    store = RedisStore(redis_cluster.url, namespace=ns, secret="s", chunk_size=CHUNK)
+    store = RedisStore(
+        redis_cluster.url, namespace=ns, secret="s", chunk_size=CHUNK, timeout=LOADED
+    )
     for i in range(30):
         store.put(f"k{i}", Entry({"data": os.urandom(50 if i else 3 * CHUNK - 1000)}))
     owners = Counter(_owner(redis_cluster, f"kc:{ns}:e:{{k{i}}}") for i in range(30))
@@ -90,8 +94,8 @@ def test_listing_and_clearing_scan_every_node(redis_cluster: LocalCluster) -> No
 
 def test_read_only_readers_may_read_from_replicas(redis_cluster: LocalCluster) -> None:
     ns = unique_namespace()
-    writer = RedisStore(redis_cluster.url, namespace=ns)
-    reader = RedisStore(f"{redis_cluster.url}?readonly=1&replicas=1", namespace=ns)
+    writer = RedisStore(redis_cluster.url, namespace=ns, timeout=LOADED)
+    reader = RedisStore(f"{redis_cluster.url}?readonly=1&replicas=1", namespace=ns, timeout=LOADED)
     entry = Entry({"a": b"x" * 100})
     writer.put("k", entry)
     assert reader.read_only
@@ -101,7 +105,9 @@ def test_read_only_readers_may_read_from_replicas(redis_cluster: LocalCluster) -
 def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
     own_cluster: LocalCluster,
 ) -> None:
-    ns, timeout, cooldown = unique_namespace(), 0.3, 0.5
+    # A dead node refuses connections at once; the timeout only bounds a slow live one,
+    # so it is generous enough for a loaded machine (issue 20) and calls stay bounded.
+    ns, timeout, cooldown = unique_namespace(), 2.0, 0.5
     store = RedisStore(
         own_cluster.url,
         namespace=ns,
@@ -112,8 +118,9 @@ def test_a_node_killed_mid_run_costs_misses_within_the_timeout_then_recovers(
     cache = Cache([MemoryStore(), store])
     keys = [f"k{i}" for i in range(24)]
     entries = {key: Entry({"kernel.cubin": os.urandom(2000)}) for key in keys}
-    for key in keys:
-        store.put(key, entries[key])
+    with RedisStore(own_cluster.url, namespace=ns, timeout=LOADED) as setup:  # not timed
+        for key in keys:
+            setup.put(key, entries[key])
     owner = {key: _owner(own_cluster, f"kc:{ns}:e:{{{key}}}") for key in keys}
     dead = [key for key in keys if owner[key] == 1]
     alive = [key for key in keys if owner[key] != 1]
@@ -156,7 +163,7 @@ def test_a_slot_moved_under_a_reader_is_followed(own_cluster: LocalCluster) -> N
     key = next(
         f"k{i}" for i in range(100_000) if binascii.crc_hqx(f"k{i}".encode(), 0) % 16384 == 0
     )
-    store = RedisStore(own_cluster.url, namespace=ns)
+    store = RedisStore(own_cluster.url, namespace=ns, timeout=LOADED)
     entry = Entry({"kernel.cubin": os.urandom(2000)})
     store.put(key, entry)
     assert store.get(key) == entry  # this thread's connection to slot 0's owner is open

@@ -13,7 +13,7 @@ import xxhash
 
 from kernelcache import Entry
 from kernelcache.stores.redis import RedisStore
-from redis_server import RedisServer, unique_namespace
+from redis_server import LOADED, RedisServer, unique_namespace
 
 SPAWN = multiprocessing.get_context("spawn")
 MB = 1 << 20
@@ -36,7 +36,7 @@ def _check(entry: Entry | None, size: int) -> int:
 
 
 def _writer(url: str, ns: str, versions: list[int], size: int, chunk: int, started: Any) -> None:
-    store = RedisStore(url, namespace=ns, chunk_size=chunk)
+    store = RedisStore(url, namespace=ns, chunk_size=chunk, timeout=LOADED)
     started.set()
     for v in versions:
         store.put("k", _version(v, size))
@@ -45,7 +45,7 @@ def _writer(url: str, ns: str, versions: list[int], size: int, chunk: int, start
 def _race(url: str, versions: list[int], size: int, chunk: int) -> list[int]:
     """Read ``k`` while another process rewrites it; returns the versions seen in order."""
     ns = unique_namespace()
-    reader = RedisStore(url, namespace=ns, chunk_size=chunk)
+    reader = RedisStore(url, namespace=ns, chunk_size=chunk, timeout=LOADED)
     reader.put("k", _version(0, size))
     started = SPAWN.Event()
     writer = SPAWN.Process(target=_writer, args=(url, ns, versions, size, chunk, started))
@@ -82,7 +82,9 @@ def test_many_small_chunked_rewrites_never_show_a_mix(redis_server: RedisServer)
 
 
 def test_a_compressed_entry_round_trips_through_chunks(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, namespace=unique_namespace(), chunk_size=MB)
+    store = RedisStore(
+        redis_server.url, namespace=unique_namespace(), chunk_size=MB, timeout=LOADED
+    )
     entry = Entry({"a": random.randbytes(12 * MB), "b": bytes(12 * MB)})  # half random, half zeros
     store.put("k", entry)
     [info] = store.scan()

@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from kernelcache import Cache, Entry, Settings
-from kernelcache.errors import ConfigError, CorruptEntry
+from kernelcache.errors import ConfigError, CorruptEntry, StoreError
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis import format as fmt
-from redis_server import RedisServer, unique_namespace
+from redis_server import LOADED, RedisServer, unique_namespace
 
 SECRET = "correct horse battery staple"
 CHUNK = fmt.MIN_CHUNK_SIZE
@@ -24,6 +24,7 @@ def make(redis_server: RedisServer) -> Callable[..., RedisStore]:
     namespace = unique_namespace()
 
     def make(**options: object) -> RedisStore:
+        options.setdefault("timeout", LOADED)
         return RedisStore(redis_server.url, namespace=namespace, **options)  # type: ignore[arg-type]
 
     return make
@@ -95,6 +96,13 @@ def test_values_without_a_valid_signature_are_rejected(
     assert reader.counters.hits == 0
     assert raw.exists(_name(reader, "k")) == 1  # not deleted: it may be a peer with another secret
     entry = _entry()
+    if writer_secret is not None:
+        # Signed with another secret: never replaced, by either side (issue 20: two
+        # secrets would overwrite each other forever). A person removes it.
+        with pytest.raises(StoreError, match="kept the signed entry"):
+            reader.put("k", entry)
+        assert reader.counters.not_replaced == 1
+        raw.delete(_name(reader, "k"))
     reader.put("k", entry)  # its own put clears the memory of the bad value
     assert reader.get("k") == entry
 

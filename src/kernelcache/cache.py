@@ -13,7 +13,7 @@ from kernelcache.settings import Settings
 from kernelcache.singleflight import Claim, SingleFlight
 from kernelcache.stats import Recorder, persistent_dir
 from kernelcache.stores.base import Store, validate_key
-from kernelcache.tiers import TierStack, default_tiers, settings_dir
+from kernelcache.tiers import TierStack, default_tiers, settings_dir, unexpected
 
 #: How long a caller waits for another's compile of the same key before compiling itself.
 DEFAULT_TIMEOUT = 300.0
@@ -75,6 +75,9 @@ class Cache:
                 entry = tier.get(key)
             except StoreError:
                 continue  # counted by the tier; the next tier may still have it
+            except Exception as exc:  # the tier boundary: see tiers.unexpected
+                unexpected(tier, exc)
+                continue
             if entry is not None:
                 if index or self._exact_first:
                     return self._stack.hit(index, key, entry)
@@ -106,6 +109,8 @@ class Cache:
                 removed = tier.delete(key) or removed
             except StoreError:
                 continue
+            except Exception as exc:  # the tier boundary: see tiers.unexpected
+                unexpected(tier, exc)
         return removed
 
     def get_or_compile(

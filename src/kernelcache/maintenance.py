@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from kernelcache.errors import StoreError
-from kernelcache.stores.base import Damage, EntryInfo, Store
+from kernelcache.stores.base import Damage, EntryInfo, Store, check_caps
 
 #: ``progress(done, total)``: called as a long command advances.
 Progress = Callable[[int, int], None]
@@ -75,12 +75,17 @@ def prune(
     max_entries: int | None = None,
     older_than: float | None = None,
     progress: Progress = _quiet,
+    dry_run: bool = False,
 ) -> Pruned:
     """Remove least recently used entries of ``tier`` until every given limit holds.
 
     ``older_than`` (seconds): also remove every entry unused that long.
     Sizes are what the tier counts against its cap (:attr:`EntryInfo.size`).
+    Caps are positive or ``None``, as everywhere: a cap of 0 is a ``ValueError``
+    (it would empty the tier; :meth:`Store.clear` says so plainly). ``dry_run``:
+    remove nothing, report what would go.
     """
+    check_caps(max_bytes, max_entries)
     infos = sorted(tier.scan(), key=lambda i: i.last_access)  # least recently used first
     now = time.time()
     total = sum(i.size for i in infos)
@@ -96,7 +101,7 @@ def prune(
         total -= info.size
     result = Pruned()
     for done, info in enumerate(victims, 1):
-        if tier.remove_if_unchanged(info):
+        if dry_run or tier.remove_if_unchanged(info):
             result.removed += 1
             result.freed += info.size
         progress(done, len(victims))

@@ -63,12 +63,34 @@ def _parse_cap(var: str, text: str | int) -> int | None:
     return size or None
 
 
-def _parse_text(var: str, text: str) -> str | None:
-    return text or None
+def _parse_remote(var: str, text: str) -> str | None:
+    """The team tier's URL, checked whole now: a typo is one error here, not a
+    ``TypeError`` from every later lookup (issue 20)."""
+    if not text:
+        return None
+    from kernelcache.stores.redis.config import validate_url  # only remote users pay for it
+
+    try:
+        validate_url(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{var}: {exc}") from None
+    return text
 
 
-def _expand(var: str, text: str) -> str:
-    return os.path.expanduser(text)
+def _parse_dir(var: str, text: str) -> str:
+    """An absolute directory (``~`` expanded). A relative ``KERNELCACHE_DIR`` is refused:
+    each working directory would get a cache of its own (a build runs its compiles in
+    many). A relative argument (``Settings.load(dir=...)``, ``kernelcache --dir``) is
+    resolved once, against this process's working directory."""
+    path = os.path.expanduser(text)
+    if os.path.isabs(path):
+        return path
+    if var.startswith(ENV_PREFIX):
+        raise ConfigError(
+            f"{var} must be an absolute path (or start with ~/), not {text!r}: "
+            "a relative one would make a separate cache in every working directory"
+        )
+    return os.path.abspath(path)
 
 
 def _variable(name: str, parse: Callable[[str, Any], Any], *, arguments: bool = False) -> Any:
@@ -86,7 +108,7 @@ class Settings:
     """
 
     dir: str = dataclasses.field(
-        default_factory=default_dir, metadata=_variable("DIR", _expand, arguments=True)
+        default_factory=default_dir, metadata=_variable("DIR", _parse_dir, arguments=True)
     )
     max_bytes: int | None = dataclasses.field(
         default=DEFAULT_MAX_SIZE, metadata=_variable("MAX_SIZE", _parse_cap, arguments=True)
@@ -98,7 +120,9 @@ class Settings:
     local: str = dataclasses.field(
         default="disk", metadata=_variable("LOCAL", _parse_local, arguments=True)
     )
-    remote: str | None = dataclasses.field(default=None, metadata=_variable("REMOTE", _parse_text))
+    remote: str | None = dataclasses.field(
+        default=None, metadata=_variable("REMOTE", _parse_remote)
+    )
     disable: bool = dataclasses.field(default=False, metadata=_variable("DISABLE", _parse_bool))
     read_only: bool = dataclasses.field(default=False, metadata=_variable("READONLY", _parse_bool))
     secret: str | None = dataclasses.field(

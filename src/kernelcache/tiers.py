@@ -8,6 +8,8 @@ tiers that :class:`~kernelcache.settings.Settings` describe.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Sequence
 
@@ -22,6 +24,26 @@ from kernelcache.stores.memory import MemoryStore
 
 #: The SQLite tier's file under the cache directory (``KERNELCACHE_LOCAL=sqlite``).
 SQLITE_FILE = "cache.sqlite"
+#: (tier class, exception class) pairs already warned about by :func:`unexpected`.
+_WARNED: set[tuple[type, type]] = set()
+
+
+def unexpected(tier: Store, exc: Exception) -> None:
+    """A tier raised something other than :class:`StoreError` (a bug, a misconfigured
+    client, a third-party tier): counted as the tier's error and said once per kind,
+    never raised from ``Cache.get``/``put`` (issue 20: a ``TypeError`` from redis-py
+    broke every build)."""
+    with contextlib.suppress(TypeError, AttributeError):  # a tier without our counters
+        tier.counters.add("errors")
+    kind = (type(tier), type(exc))
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        logging.getLogger("kernelcache").warning(
+            "kernelcache: %r failed with %s: %s; counted as a miss (said once)",
+            tier,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def default_tiers(settings: Settings) -> list[Store]:
@@ -105,6 +127,9 @@ class TierStack:
                 entry = tier.get(key)
             except StoreError:
                 continue
+            except Exception as exc:  # the tier boundary: see unexpected
+                unexpected(tier, exc)
+                continue
             if entry is not None:
                 return self.hit(index, key, entry)
             tier.counters.add("misses", -1)
@@ -128,4 +153,6 @@ class TierStack:
                 entry = tier.put(key, entry)
             except StoreError:
                 continue  # counted by the tier; the others still get the entry
+            except Exception as exc:  # the tier boundary: see unexpected
+                unexpected(tier, exc)
         return entry

@@ -11,10 +11,10 @@ import xxhash
 
 from kernelcache import maintenance
 from kernelcache.cache import Cache
-from kernelcache.cli.common import named, open_cache
+from kernelcache.cli.common import named, open_cache, require_cache
 from kernelcache.cli.output import format_age, format_seconds, format_time, print_json, table
 from kernelcache.errors import ConfigError
-from kernelcache.settings import VARIABLES, Settings
+from kernelcache.settings import Settings
 from kernelcache.stats.totals import read_key_hits
 from kernelcache.units import format_size
 
@@ -24,6 +24,7 @@ def _key_hits(cache: Cache) -> dict[str, tuple[int, float]]:
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
+    require_cache(settings, remote=True)
     with open_cache(settings, write=False) as cache:
         hits = _key_hits(cache)
         names = {id(tier): name for name, tier in named(cache.tiers)}
@@ -68,6 +69,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    require_cache(settings, remote=True)
     with open_cache(settings, write=False) as cache:
         try:
             found = maintenance.find(cache.tiers, args.key)
@@ -120,27 +122,4 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             right=(1,),
         )
     )
-    return 0
-
-
-def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [
-        (name, variable, shown, source)
-        for (name, shown, source), variable in zip(settings.describe(), VARIABLES, strict=True)
-    ]
-    if args.json:
-        print_json(
-            [
-                {
-                    "name": name,
-                    "variable": variable,
-                    "value": None if name == "secret" else getattr(settings, name),
-                    "set": getattr(settings, name) is not None,
-                    "source": source,
-                }
-                for name, variable, _shown, source in rows
-            ]
-        )
-    else:
-        print(table(("SETTING", "VARIABLE", "VALUE", "SOURCE"), rows))
     return 0

@@ -45,6 +45,25 @@ def _count(text: str) -> int:
     return int(text)
 
 
+# A limit of 0 would empty the cache without asking, while KERNELCACHE_MAX_SIZE=0
+# means "no cap" (issue 20): 0 is refused, and `clear` named.
+_ZERO = "0 would remove every entry: use `kernelcache clear` (KERNELCACHE_MAX_SIZE=0 means no cap)"
+
+
+def _limit_size(text: str) -> int:
+    size = _size(text)
+    if size == 0:
+        raise argparse.ArgumentTypeError(_ZERO)
+    return size
+
+
+def _limit_count(text: str) -> int:
+    count = _count(text)
+    if count == 0:
+        raise argparse.ArgumentTypeError(_ZERO)
+    return count
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a --dir after the command must not be reset by the command's default.
@@ -57,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Sizes take units K, M, G, T (5G); ages take s, m, h, d, w (30d).",
     )
     parser.add_argument("--dir", help="cache directory (overrides KERNELCACHE_DIR)")
+    parser.add_argument("--version", action="version", version=f"kernelcache {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -79,22 +99,44 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", "check every entry's checksums")
     p.add_argument("--fix", action="store_true", help="remove entries that fail")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p = command("prune", "remove least recently used entries down to limits")
-    p.add_argument("--max-size", type=_size, metavar="SIZE", help="keep at most SIZE (e.g. 5G)")
-    p.add_argument("--max-entries", type=_count, metavar="N", help="keep at most N entries")
+    p = command("prune", "remove least recently used entries down to limits (local tiers)")
+    p.add_argument("--max-size", type=_limit_size, metavar="SIZE", help="keep at most SIZE (5G)")
+    p.add_argument("--max-entries", type=_limit_count, metavar="N", help="keep at most N entries")
     p.add_argument("--older-than", type=_age, metavar="AGE", help="remove entries unused for AGE")
-    p = command("clear", "remove every entry")
+    p.add_argument("--dry-run", action="store_true", help="remove nothing; say what would go")
+    p.add_argument("--remote", action="store_true", help="the team tier (Redis) too")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("clear", "remove every entry (local tiers)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--remote", action="store_true", help="the team tier (Redis) too")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("export", "write entries to one bundle file")
     p.add_argument("file")
     p.add_argument("--since", type=_age, metavar="AGE", help="only entries used within AGE")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("import", "add every entry of a bundle file (all or nothing)")
     p.add_argument("file")
-    p = command("config", "effective settings and where each came from")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--inductor",
+        action="store_true",
+        help="FILE is a torch.compiler.save_cache_artifacts() blob: store its FX graph and "
+        "AOTAutograd entries for kernelcache.inductor",
+    )
+    p = command("config", "every setting (core, Triton, launcher), its value and its source")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("server", "the nvcc launcher's server of this cache directory")
+    p.add_argument("action", choices=("status", "stop"), help="show it, or stop it")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("demo", help="run the demonstration (arguments are passed on)")
     sub.add_parser("nvcc", help="compile through the cache: kernelcache nvcc ARGS...")
     return parser
+
+
+def _version() -> str:
+    from kernelcache import __version__
+
+    return __version__
 
 
 def _split_delegated(argv: list[str]) -> tuple[str | None, list[str], str | None]:
@@ -114,8 +156,8 @@ def _split_delegated(argv: list[str]) -> tuple[str | None, list[str], str | None
 
 
 def _delegate(command: str, rest: list[str], directory: str | None) -> int:
-    if directory is not None:
-        os.environ["KERNELCACHE_DIR"] = directory
+    if directory is not None:  # an argument: resolved once, here (the variable must be absolute)
+        os.environ["KERNELCACHE_DIR"] = os.path.abspath(os.path.expanduser(directory))
     if command == "nvcc":
         from kernelcache.nvcc.client import main as nvcc_main
 
@@ -169,10 +211,11 @@ COMMANDS = {
     "stats": _lazy("cli.stats", "cmd_stats"),
     "ls": _lazy("cli.listing", "cmd_ls"),
     "show": _lazy("cli.listing", "cmd_show"),
-    "config": _lazy("cli.listing", "cmd_config"),
+    "config": _lazy("cli.config", "cmd_config"),
     "verify": _lazy("cli.maint", "cmd_verify"),
     "prune": _lazy("cli.maint", "cmd_prune"),
     "clear": _lazy("cli.maint", "cmd_clear"),
     "export": _lazy("cli.maint", "cmd_export"),
     "import": _lazy("cli.maint", "cmd_import"),
+    "server": _lazy("cli.server", "cmd_server"),
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -16,7 +17,13 @@ from typing import Any
 
 from kernelcache import bundle, maintenance
 from kernelcache.cache import Cache
-from kernelcache.cli.common import named, open_cache
+from kernelcache.cli.common import (
+    named,
+    open_cache,
+    refuse_read_only,
+    require_cache,
+    targets,
+)
 from kernelcache.cli.output import Progress, print_json
 from kernelcache.errors import ConfigError, StoreError
 from kernelcache.settings import Settings
@@ -36,7 +43,10 @@ def _forget_keys(cache: Cache, keep: set[str] | None) -> None:
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    require_cache(settings, remote=True)
     with open_cache(settings, write=args.fix) as cache:
+        if args.fix:
+            refuse_read_only(maintenance.persistent(cache.tiers), "verify --fix removed nothing")
         listed = sum(1 for _ in maintenance.entries(cache.tiers))
         progress = Progress("verify", listed)
         bad = maintenance.verify(
@@ -60,9 +70,14 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_size is None and args.max_entries is None and args.older_than is None:
         raise ConfigError("prune needs at least one of --max-size, --max-entries, --older-than")
-    with open_cache(settings, write=True) as cache:
-        removed = freed = kept = kept_bytes = 0
-        for tier in _writable(cache.tiers):
+    require_cache(settings, remote=args.remote)
+    with open_cache(settings, write=not args.dry_run) as cache:
+        chosen = targets(cache.tiers, remote=args.remote)
+        if not args.dry_run:
+            refuse_read_only(chosen, "prune removed nothing (--dry-run shows what it would)")
+        names = {id(t): n for n, t in named(cache.tiers)}
+        report: dict[str, Any] = {"dry_run": args.dry_run, "tiers": {}}
+        for tier in chosen:
             progress = Progress("prune", 0)
             result = maintenance.prune(
                 tier,
@@ -70,26 +85,39 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
                 max_entries=args.max_entries,
                 older_than=args.older_than,
                 progress=progress.set,
+                dry_run=args.dry_run,
             )
             progress.close()
-            tier.sweep()
-            removed, freed = removed + result.removed, freed + result.freed
-            kept, kept_bytes = kept + result.kept, kept_bytes + result.kept_bytes
-        if removed:
+            if not args.dry_run:
+                tier.sweep()
+            report["tiers"][names[id(tier)]] = dataclasses.asdict(result)
+        for field in ("removed", "freed", "kept", "kept_bytes"):
+            report[field] = sum(t[field] for t in report["tiers"].values())
+        if report["removed"] and not args.dry_run:
             _forget_keys(cache, {i.key for _t, i in maintenance.entries(cache.tiers)})
+    if args.json:
+        print_json(report)
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    left = "would remain" if args.dry_run else "remain"
     print(
-        f"removed {removed} entries ({format_size(freed)}); "
-        f"{kept} entries ({format_size(kept_bytes)}) remain"
+        f"{verb} {report['removed']} entries ({format_size(report['freed'])}); "
+        f"{report['kept']} entries ({format_size(report['kept_bytes'])}) {left} "
+        f"in {', '.join(report['tiers']) or 'no tier'}"
     )
     return 0
 
 
 def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
+    require_cache(settings, remote=args.remote)
     with open_cache(settings, write=False) as cache:
-        count = sum(1 for _ in maintenance.entries(cache.tiers))
-        where = ", ".join(
-            f"{name} {tier!r}" for name, tier in named(cache.tiers) if not tier.in_process
-        )
+        chosen = targets(cache.tiers, remote=args.remote)
+        count = sum(1 for _ in maintenance.entries(chosen))
+        chosen_names = [n for n, t in named(cache.tiers) if t in chosen]
+        where = ", ".join(f"{n} {t!r}" for n, t in named(cache.tiers) if t in chosen)
+    if settings.read_only:  # opened read-only above to look; a write would be refused
+        with open_cache(settings, write=True) as cache:
+            refuse_read_only(targets(cache.tiers, remote=args.remote), "clear removed nothing")
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError(f"refusing to clear {where} without --yes (no terminal)")
@@ -97,20 +125,25 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing removed")
             return 1
-    if not count:
-        print("removed 0 entries")  # and create nothing where there was no cache
-        return 0
     removed = 0
-    with open_cache(settings, write=True) as cache:
-        for tier in _writable(cache.tiers):
-            removed += tier.clear()
-            tier.sweep()
-        _forget_keys(cache, None)
-    print(f"removed {removed} entries from {where}")
+    if count:  # else create nothing where there was no cache
+        with open_cache(settings, write=True) as cache:
+            chosen = targets(cache.tiers, remote=args.remote)
+            refuse_read_only(chosen, "clear removed nothing")
+            for tier in chosen:
+                removed += tier.clear()
+                tier.sweep()
+            kept = [t for t in maintenance.persistent(cache.tiers) if t not in chosen]
+            _forget_keys(cache, {i.key for _t, i in maintenance.entries(kept)} if kept else None)
+    if args.json:
+        print_json({"removed": removed, "tiers": chosen_names})
+    else:
+        print(f"removed {removed} entries from {where}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    require_cache(settings, remote=True)
     cutoff = time.time() - args.since if args.since is not None else None
     with open_cache(settings, write=False) as cache:
         listed = [
@@ -141,6 +174,10 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         progress.close()
+    if args.json:
+        report = {"exported": writer.count, "bytes": writer.bytes, "damaged": damaged}
+        print_json({**report, "file": args.file})
+        return 0
     note = f"; skipped {damaged} damaged (run `kernelcache verify --fix`)" if damaged else ""
     print(f"exported {writer.count} entries ({format_size(writer.bytes)}) to {args.file}{note}")
     return 0
@@ -156,7 +193,10 @@ def _get(tier: Store, key: str) -> Any:
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings, write=True) as cache:
         if not _writable(cache.tiers):
-            raise ConfigError("no writable tier to import into (read-only settings?)")
+            refuse_read_only(maintenance.persistent(cache.tiers), "import added nothing")
+            raise ConfigError("no tier to import into")
+        if args.inductor:
+            return _import_inductor(args.file, cache)
         progress = Progress("import", 0)
         try:
             # "-" reads standard input: a bundle can arrive through a pipe.
@@ -174,7 +214,34 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         progress.close()
     for key in result.conflicts:
         print(f"kernelcache: kept the stored entry of {key}: the bundle's differs", file=sys.stderr)
+    if args.json:
+        print_json(
+            {
+                "file": args.file,
+                "added": result.added,
+                "present": result.present,
+                "conflicts": result.conflicts,
+            }
+        )
+        return 0
     print(
         f"imported {result.added} entries from {args.file} ({result.present} were already present)"
     )
+    return 0
+
+
+def _import_inductor(file: str, cache: Cache) -> int:
+    try:
+        from kernelcache.inductor.megacache import publish_artifacts
+    except ModuleNotFoundError as exc:
+        print(f"kernelcache: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with open(sys.stdin.fileno() if file == "-" else file, "rb", closefd=file != "-") as f:
+            counts = publish_artifacts(f.read(), cache)
+    except (ValueError, OSError, StoreError) as exc:
+        print(f"kernelcache: error: {file}: {exc}", file=sys.stderr)
+        return 1
+    shown = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing"
+    print(f"imported torch.compile artifacts from {file}: {shown}")
     return 0

@@ -15,11 +15,12 @@ if TYPE_CHECKING:
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
-    from kernelcache.cli.common import named, open_cache
+    from kernelcache.cli.common import named, open_cache, require_cache
     from kernelcache.cli.output import print_json
-    from kernelcache.errors import StoreError
+    from kernelcache.errors import ReadOnlyStoreError, StoreError
     from kernelcache.stats import totals as stats_file
 
+    require_cache(settings, remote=True)
     usage: dict[str, dict[str, Any]] = {}
     with open_cache(settings, write=False) as cache:
         directory = cache.stats_dir or settings.dir
@@ -32,6 +33,11 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                 usage[name] = {"entries": None, "bytes": None, "max_bytes": tier.max_bytes}
                 continue
             usage[name] = {"entries": entries, "bytes": size, "max_bytes": tier.max_bytes}
+    if args.zero and settings.read_only:  # read-only "writes nothing", statistics included
+        raise ReadOnlyStoreError(
+            f"the cache is read-only (KERNELCACHE_READONLY): stats --zero changed nothing in "
+            f"{directory}"
+        )
     if args.zero and stats_file.zero_period(directory) and not args.json:
         print("Started a new statistics period (lifetime totals kept).")
     totals = stats_file.read_totals(directory)

@@ -115,9 +115,9 @@ def cache_dir(env: dict[bytes, bytes], cwd: bytes) -> bytes | None:
         if not home.startswith(b"/"):
             return None
         value = home.rstrip(b"/") + value[1:]
-    elif value.startswith(b"~") or not value:
-        return None
-    return value if value.startswith(b"/") else cwd.rstrip(b"/") + b"/" + value
+    elif not value.startswith(b"/"):
+        return None  # relative: the settings refuse it, and the in-process launcher says so
+    return value
 
 
 def _environ() -> dict[bytes, bytes]:

@@ -68,7 +68,7 @@ _REQUEST_TIMEOUT = 5.0
 #: A request is a command line and an environment: far below this.
 _REQUEST_MAX = 64 << 20
 
-__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "stop"]
+__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "running", "stop"]
 
 
 class Server:
@@ -254,6 +254,25 @@ def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
     return value if value > 0 else DEFAULT_IDLE
 
 
+def running(directory: str) -> tuple[int, float | None] | None:
+    """``(pid, idle seconds)`` of the server holding ``directory``, or ``None`` if none runs."""
+    try:
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if _try_lock(fd):
+            return None
+        fields = os.pread(fd, 64, 0).split()
+    finally:
+        os.close(fd)
+    try:
+        idle = float(fields[1]) if len(fields) > 1 else None  # written since issue 20
+        return int(fields[0]), idle
+    except (IndexError, ValueError):
+        return 0, None  # held, its pid not written yet (the server is starting)
+
+
 def stop(directory: str, timeout: float = 10.0) -> bool:
     """Stop the server of ``directory`` (SIGTERM) and wait for it; ``False`` if none runs."""
     try:
@@ -312,7 +331,8 @@ def main(argv: list[str]) -> int:
         lock = _trust.open_file(dir_fd, LOCK, os.O_RDWR | os.O_CREAT)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(lock, 0)
-        os.write(lock, b"%d\n" % os.getpid())  # for stop()
+        idle = idle_seconds(os.environ)
+        os.write(lock, b"%d %r\n" % (os.getpid(), idle))  # for stop() and running()
     except _trust.UntrustedDirectory as exc:
         print(f"kernelcache server: {exc}", file=sys.stderr)
         return 1
@@ -321,7 +341,7 @@ def main(argv: list[str]) -> int:
             return 0  # another server holds the directory
         print(f"kernelcache server: {exc}", file=sys.stderr)
         return 1
-    server = Server(directory, dir_fd, idle_seconds(os.environ))
+    server = Server(directory, dir_fd, idle)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(STARTING, dir_fd=dir_fd)
     build = None

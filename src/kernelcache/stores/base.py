@@ -286,6 +286,9 @@ class Store(abc.ABC):
     #: Whether entries live in this process (a hit costs well under a microsecond,
     #: so statistics sample such hits instead of counting each one).
     in_process: bool = False
+    #: Whether other machines share the tier (the team tier): ``kernelcache prune``
+    #: and ``clear`` leave such a tier alone unless given ``--remote``.
+    shared: bool = False
     #: A directory of this machine that the tier owns, where statistics shared by
     #: every process using the tier are kept; ``None`` if it has none.
     local_dir: str | None = None

@@ -151,8 +151,9 @@ class DiskStore(Store):
 
             logging.getLogger("kernelcache").warning("kernelcache: %s; the disk tier is off", exc)
             return
-        except OSError:
+        except OSError as exc:
             self._count("errors")
+            _say_unusable(self.path, exc)
             return
         if writable:
             # Statistics shared by the processes using this tier live here; a
@@ -403,3 +404,23 @@ class DiskStore(Store):
         self.space.close()
         self.layout.close()
         super().close()
+
+
+#: Directories already named in a warning by this process.
+_SAID: set[str] = set()
+
+
+def _say_unusable(path: str, exc: OSError) -> None:
+    """Warn once per directory that the tier cannot use it, and why (issue 20: a cache
+    directory under /proc, or under a regular file, used to fail with only a counter)."""
+    if path in _SAID:
+        return
+    _SAID.add(path)
+    import logging  # deferred, as in _open
+
+    reason = exc.strerror or type(exc).__name__
+    logging.getLogger("kernelcache").warning(
+        "kernelcache: cannot set up the cache directory %s (%s): nothing is cached there",
+        path,
+        reason,
+    )

@@ -11,10 +11,11 @@ transfer allowance (see ``guard.py``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache.errors import CorruptEntry
+from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.redis.format import MAX_CHUNK_SIZE, Manifest
 from kernelcache.stores.redis.guard import Guard
 
@@ -31,13 +32,22 @@ REPLY_FRAMING = 64
 # count, 6 grace ms, 7 SHA-1 the current value's last 256 bytes must have ('' for
 # any: see listing.fingerprint), 8 the most old chunks to expire (a forged manifest must not make Redis loop long).
 # The chunk names share the record's hash tag: one slot, so this works in a
-# cluster. Returns -1 if a new chunk is missing (its staging expiry passed),
-# else 0/1 whether a record existed before.
+# cluster. ARGV 9: '1' keeps a signed record (format.py's SIGNED flag in its
+# trailer) in place: the write is refused, -2, and the writer decides whether it
+# may replace it (it verified it: see store.py). Returns -1 if a new chunk is
+# missing (its staging expiry passed), else 0/1 whether a record existed before.
 PUBLISH_LUA = """
 local base, wid, n = ARGV[3], ARGV[4], tonumber(ARGV[5])
 if ARGV[7] ~= '' then
   local cur = redis.pcall('GETRANGE', KEYS[1], -256, -1)
   if type(cur) ~= 'string' or redis.sha1hex(cur) ~= ARGV[7] then return 0 end
+end
+if ARGV[9] == '1' then
+  local t = redis.pcall('GETRANGE', KEYS[1], -13, -1)
+  if type(t) == 'string' and #t == 13 and string.sub(t, 11) == 'KCR'
+      and string.byte(t, 10) == 2 and math.floor(string.byte(t, 9) / 4) % 2 == 1 then
+    return -2
+  end
 end
 for i = 0, n - 1 do
   if redis.call('EXISTS', base .. wid .. ':' .. i) == 0 then return -1 end
@@ -116,10 +126,28 @@ def write(guard: Guard, base: str, payload: bytes, chunk_size: int, staging_ms: 
     return len(chunks)
 
 
+def drop(guard: Guard, base: str, count: int) -> None:
+    """Remove staged chunks ``base + i`` that will not be published (best effort: they
+    expire anyway)."""
+    names = [f"{base}{i}" for i in range(count)]
+    for first in range(0, len(names), 512):
+        batch = names[first : first + 512]
+        with contextlib.suppress(StoreError):  # counted by the guard
+            guard.pipeline(_queue_unlinks(batch), key=batch[0])
+
+
 def _queue(names: list[str], command: Callable[[str], tuple[Any, ...]]) -> Callable[[Any], None]:
     def build(pipe: Any) -> None:
         for name in names:
             pipe.execute_command(*command(name))
+
+    return build
+
+
+def _queue_unlinks(names: list[str]) -> Callable[[Any], None]:
+    def build(pipe: Any) -> None:
+        for name in names:
+            pipe.unlink(name)
 
     return build
 

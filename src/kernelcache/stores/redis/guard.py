@@ -109,6 +109,14 @@ class Guard:
             self.counters.add("errors")
             breaker.record_success()
             raise StoreError(f"{self.label}: {type(exc).__name__}: {exc}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            # redis-py refusing how it was configured (a keyword it does not take:
+            # issue 20's `?namspace=`): a failing tier, counted like one, never an
+            # exception from Cache.get. Settings refuse such URLs up front now.
+            self._failed(breaker, exc, timed_out=False)
+            raise StoreError(
+                f"{self.label}: client misconfigured: {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             wire.end()
         breaker.record_success()

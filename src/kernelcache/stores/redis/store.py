@@ -22,7 +22,7 @@ from typing import Any
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import Counters, EntryInfo, FlightLock, Store, bound, validate_key
-from kernelcache.stores.redis import chunks, listing
+from kernelcache.stores.redis import chunks, keyless, listing
 from kernelcache.stores.redis import client as redis_client
 from kernelcache.stores.redis import config as redis_config
 from kernelcache.stores.redis import format as fmt
@@ -42,6 +42,10 @@ _READ_ATTEMPTS = 3
 _RECORD_REPLY = fmt.MAX_RECORD + chunks.REPLY_FRAMING
 
 
+class KeptSigned(StoreError):
+    """A put refused: a signed entry this client cannot verify is there (see keyless.py)."""
+
+
 class _Replaced(Exception):
     """The manifest changed while its chunks were being read: read the new one."""
 
@@ -56,6 +60,7 @@ class RedisCounters(Counters):
     forged: int = 0  # values whose signature was missing or wrong
     oversized: int = 0  # values over the size limits, refused before reading them
     unverifiable: int = 0  # signed values this client has no secret for
+    not_replaced: int = 0  # puts refused: a signed entry this client cannot verify is there
 
 
 class RedisStore(Store):
@@ -77,6 +82,7 @@ class RedisStore(Store):
     """
 
     kind = "redis"
+    shared = True
     counters_class = RedisCounters
     counters: RedisCounters
 
@@ -102,7 +108,9 @@ class RedisStore(Store):
         super().__init__(read_only=read_only or options.get("readonly", False))
         self.namespace = namespace or options.get("namespace", "default")
         ttl = options.get("ttl") if ttl is None else ttl
-        timeout = options.get("timeout", 0.5) if timeout is None else timeout
+        timeout = (
+            options.get("timeout", redis_config.DEFAULT_TIMEOUT) if timeout is None else timeout
+        )
         if max_entry_size is None:
             max_entry_size = options.get("max_entry_size", redis_config.DEFAULT_MAX_ENTRY_SIZE)
         redis_config.check_options(
@@ -257,7 +265,7 @@ class RedisStore(Store):
         flags, payload = self._encode(parts, size)
         if len(payload) <= self.chunk_size:
             record = fmt.seal(name.encode(), flags, size, payload, self._signer)
-            self._publish(name, key, record, "", 0)
+            self._publish_over(name, key, record, "", 0)
             stored = len(record)
         else:
             stored = self._put_chunked(key, name, flags, size, payload)
@@ -281,13 +289,62 @@ class RedisStore(Store):
         digest = fmt.digest(payload, self._signer is not None)
         manifest = fmt.Manifest(write_id, count, self.chunk_size, len(payload), digest)
         record = fmt.seal(name.encode(), flags | fmt.CHUNKED, size, manifest.encode(), self._signer)
-        if self._publish(name, key, record, write_id, count) < 0:
+        try:
+            published = self._publish_over(name, key, record, write_id, count)
+        except KeptSigned:
+            chunks.drop(self.guard, base, count)  # else they would wait out their staging expiry
+            raise
+        if published < 0:
             self._count("errors")
             raise StoreError(f"{self!r}: chunks of {key} expired before they could be published")
         return len(record) + len(payload)
 
+    def _publish_over(self, name: str, key: str, record: bytes, write_id: str, count: int) -> int:
+        """Publish a put, never over a signed entry this client cannot verify (issue 20).
+
+        Redis refuses atomically to replace a signed record (``PUBLISH_LUA``'s
+        keep-signed check). A client with the secret then reads it: one that
+        verifies (the team's) or is damaged is replaced, only if still the same
+        value; one signed with another secret stays. A client without the
+        secret never replaces a signed record. Refusals are counted
+        (``not_replaced``), said once, and raised as :class:`StoreError`.
+        """
+        result = self._publish(name, key, record, write_id, count, keep_signed=True)
+        if result != -2:
+            return result
+        if self._signer is not None:
+            raw = self.guard.get("GET", name, limit=_RECORD_REPLY)
+            if raw is None or self._verifies(name, raw):  # gone since, or the team's
+                expect = listing.fingerprint(raw) if raw is not None else ""
+                result = self._publish(
+                    name, key, record, write_id, count, expect=expect, keep_signed=raw is None
+                )
+                if result != -2:
+                    return result
+        self._count("not_replaced")
+        cause = "has no secret" if self._signer is None else "has a secret that does not verify it"
+        keyless.say_once(self, cause)
+        raise KeptSigned(f"{self!r}: kept the signed entry {key}: this client {cause}")
+
+    def _verifies(self, name: str, raw: bytes | bytearray) -> bool:
+        """Whether this client may replace ``raw``: it verifies, or is damaged (not forged)."""
+        try:
+            fmt.open_record(name.encode(), raw, self._signer)
+        except fmt.ForgedEntry:
+            return False  # signed with another secret: not this client's to replace
+        except CorruptEntry:
+            return True  # damaged: whoever can write may repair it
+        return True
+
     def _publish(
-        self, name: str, key: str, record: bytes, write_id: str, count: int, expect: str = ""
+        self,
+        name: str,
+        key: str,
+        record: bytes,
+        write_id: str,
+        count: int,
+        expect: str = "",
+        keep_signed: bool = False,
     ) -> int:
         args = [
             record,
@@ -298,6 +355,7 @@ class RedisStore(Store):
             int(GRACE_SECONDS * 1000),
             expect,
             MAX_CHUNKS,
+            "1" if keep_signed else "",
         ]
         return int(self.guard.run_script(chunks.PUBLISH_LUA, [name], args, moving=len(record)))
 
