@@ -98,8 +98,11 @@ def open_dir(path: str, *, allow_root: bool = True, create: bool = False) -> int
                     raise
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 if not stat.S_ISLNK(st.st_mode):
+                    if not any(part not in ("", ".") for part in pending):
+                        problem = "it is not a directory"  # the directory asked for
+                        break
                     raise NotADirectoryError(
-                        errno.ENOTDIR, "not a directory", f"{where}/{name}"
+                        errno.ENOTDIR, os.strerror(errno.ENOTDIR), f"{where}/{name}"
                     ) from None
                 links += 1
                 problem = _owner_problem(st, f"the link {os.path.join(where, name)}")

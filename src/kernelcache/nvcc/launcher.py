@@ -119,9 +119,14 @@ def _open_cache(settings: Settings) -> Cache:
     from kernelcache.cache import Cache
     from kernelcache.errors import StoreError
 
-    refused = _trust.refusal(settings.dir)
-    if refused is not None:  # said once, by the caller: no tier is opened to say it again
-        raise StoreError(refused)
+    try:  # a refusal is said once, by the caller: no tier is opened to say it again
+        fd = _trust.open_dir(settings.dir)
+    except _trust.UntrustedDirectory as exc:
+        raise StoreError(f"refusing {exc}") from None
+    except OSError:
+        fd = None  # unusable for another reason: the tiers say which
+    if fd is not None:
+        os.close(fd)
     cache = Cache(settings=settings)
     refused = next((tier.unusable for tier in cache.tiers if tier.unusable), None)
     if refused is not None:  # the directory is someone else's, or not one: say so

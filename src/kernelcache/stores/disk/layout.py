@@ -223,11 +223,6 @@ class Layout:
             self.refused()
             fix = "`chmod go-w` what others can write (as its owner) or use another KERNELCACHE_DIR"
             raise UnsafeDirectory(f"refusing cache directory {exc}; {fix}") from None
-        except NotADirectoryError:
-            self.refused()
-            raise UnsafeDirectory(
-                f"refusing cache directory {self.root}: it is not a directory"
-            ) from None
         if fd is None:
             return False
         try:
