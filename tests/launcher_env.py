@@ -141,22 +141,11 @@ def wait_for(condition: object, timeout: float, what: str) -> None:
 
 
 def server_pid(cache_dir: Path) -> int | None:
-    """The pid of the server holding ``cache_dir``'s lock, or ``None``."""
-    import fcntl
+    """The pid of the server holding ``cache_dir``'s lock (0 while it writes it), or ``None``."""
+    from kernelcache.nvcc import server
 
-    try:
-        fd = os.open(cache_dir / "launcher.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return int(os.pread(fd, 32, 0).split()[0])
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    found = server.running(str(cache_dir))
+    return None if found is None else found[0]
 
 
 def stats(cache_dir: Path) -> dict[str, int]:
