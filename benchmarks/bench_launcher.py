@@ -147,12 +147,13 @@ def compiled_client(cache_dir: Path) -> Path | None:
     """The compiled client ``kernelcache`` runs, once the server has built it; ``None`` if it cannot."""
     from kernelcache.nvcc import native
 
-    host = native.host_name()
-    if host is None or not any(shutil.which(c) for c in native.COMPILERS):
+    tag, boot = native.platform_tag(), native.boot_id()
+    if tag is None or boot is None or not any(shutil.which(c) for c in native.COMPILERS):
         return None
-    path = cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), host)
+    name = native.binary_name(Path(native.SOURCE).read_bytes(), tag)
+    path = cache_dir / name
     deadline = time.monotonic() + 120
-    while not path.exists():
+    while not native.marked(str(cache_dir), name, boot):  # built, checked and marked
         if (cache_dir / f"{path.name}.failed").exists() or time.monotonic() > deadline:
             return None
         time.sleep(0.05)

@@ -103,8 +103,8 @@ class Project:
 
 
 def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) -> None:
-    """Start the server for ``cache_dir`` as a client does, with ``env``; wait until it listens."""
-    from kernelcache.nvcc import client
+    """Start the server for ``cache_dir`` as the launcher does, with ``env``; wait until it listens."""
+    from kernelcache.nvcc import spawn
 
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     if listening(cache_dir):
@@ -113,14 +113,7 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
         # take the lock from the first as a test stops it: stop() then waits
         # for the wrong server.
         return
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        client.start_server(os.fsencode(cache_dir))
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    spawn.start(str(cache_dir), env)
     wait_for(lambda: listening(cache_dir), timeout, "the server to listen")
 
 
@@ -148,22 +141,11 @@ def wait_for(condition: object, timeout: float, what: str) -> None:
 
 
 def server_pid(cache_dir: Path) -> int | None:
-    """The pid of the server holding ``cache_dir``'s lock, or ``None``."""
-    import fcntl
+    """The pid of the server holding ``cache_dir``'s lock (0 while it writes it), or ``None``."""
+    from kernelcache.nvcc import server
 
-    try:
-        fd = os.open(cache_dir / "launcher.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return int(os.pread(fd, 32, 0).split()[0])
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    found = server.running(str(cache_dir))
+    return None if found is None else found[0]
 
 
 def stats(cache_dir: Path) -> dict[str, int]:
@@ -218,20 +200,37 @@ class FakeServer:
 
 
 def client_path(cache_dir: Path) -> Path:
-    """Where ``kernelcache`` looks for the compiled client of this checkout, on this host."""
+    """Where ``kernelcache`` looks for the compiled client of this checkout, on this machine."""
     from kernelcache.nvcc import native
 
-    host = native.host_name()
-    assert host is not None, "this host's name cannot be part of a file name"
-    return cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), host)
+    tag = native.platform_tag()
+    assert tag is not None, "this host's name cannot be part of a file name"
+    return cache_dir / native.binary_name(Path(native.SOURCE).read_bytes(), tag)
+
+
+def mark(path: Path, boot: str | None = None) -> Path:
+    """Say that ``path`` (a client) ran on this machine since ``boot`` (default: this boot)."""
+    from kernelcache.nvcc import native
+
+    boot = boot or native.boot_id()
+    assert boot is not None
+    link = path.with_name(native.mark_name(path.name, boot))
+    link.unlink(missing_ok=True)
+    os.link(path, link)
+    return link
 
 
 def install_client(cache_dir: Path, binary: Path) -> Path:
-    """Put ``binary`` where ``kernelcache`` looks for the compiled client, as the server would."""
+    """Put ``binary`` where ``kernelcache`` looks for the compiled client, as the server would:
+    this user's, mode 1700 (the sticky bit marks a client the server built), marked for this boot."""
+    from kernelcache.nvcc import native
+
     cache_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = client_path(cache_dir)
+    target.unlink(missing_ok=True)
     shutil.copyfile(binary, target)
-    target.chmod(0o700)
+    target.chmod(native.MODE)
+    mark(target)
     return target
 
 

@@ -33,6 +33,7 @@ from launcher_env import (
     install_client,
     listening,
     make_bin,
+    mark,
     server_pid,
     start_server,
     stats,
@@ -44,7 +45,7 @@ COMPILER = next(filter(None, (shutil.which(c) for c in native.COMPILERS)), None)
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="the compiled client is Linux-only"),
     pytest.mark.skipif(COMPILER is None, reason="no C compiler"),
-    pytest.mark.skipif(native.host_name() is None, reason="no usable host name"),
+    pytest.mark.skipif(native.platform_tag() is None, reason="no usable host name"),
 ]
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -139,7 +140,7 @@ def setup(tmp_path: Path, built: Path) -> Iterator[Setup]:
 
 def test_the_front_names_this_source_and_both_clients_speak_one_protocol(built: Path) -> None:
     source = Path(native.SOURCE).read_bytes()
-    expected = f"launcher-client-{native.source_hash(source)}-$h"
+    expected = f"launcher-client-{native.source_hash(source)}-$m-$o-$l-$h"
     assert expected in (ROOT / "bin" / "kernelcache").read_text(), (
         f"client.c changed: bin/kernelcache must name {expected}"
     )
@@ -148,7 +149,7 @@ def test_the_front_names_this_source_and_both_clients_speak_one_protocol(built: 
     assert define.group(1) == client.PROTOCOL
     out = subprocess.run([str(built), "--protocol"], capture_output=True, check=True).stdout
     assert out == client.PROTOCOL + b"\n"
-    assert stat.S_IMODE(built.stat().st_mode) == 0o700
+    assert stat.S_IMODE(built.stat().st_mode) == native.MODE == 0o1700
 
 
 # Same request, same answer as the Python client ------------------------------------
@@ -201,13 +202,15 @@ def test_the_compiled_client_asks_and_answers_as_the_python_client(
     assert directory is not None
     Path(os.fsdecode(directory)).mkdir(mode=0o700, parents=True)
     fake = FakeServer(Path(os.fsdecode(directory)) / "launcher.sock", reply, count=2)
+    # The client runs only as the file of its name in the (trusted) cache directory.
+    installed = install_client(Path(os.fsdecode(directory)), built)
     argv = ["nvcc", "-arch=sm_90", "-c", "k.cu", "-o", "k o", "-DX=\xe9"]
     results = []
     prefix = [str(duplicates)] if case == "duplicates" else []
     try:
         for cmd in (
             [sys.executable, "-I", "-S", str(front), *argv],  # what the front runs without it
-            [str(built), sys.executable, str(front), *argv],  # what it runs with it
+            [str(installed), sys.executable, str(front), *argv],  # what it runs with it
         ):
             proc = subprocess.run(
                 [*prefix, *cmd], cwd=project, env=env, capture_output=True, umask=0o027
@@ -226,12 +229,13 @@ def test_the_compiled_client_asks_and_answers_as_the_python_client(
 
 # Which binary the front runs ------------------------------------------------------
 
-PROBE = '#!/bin/sh\nprintf "%s\\n" "$@" > "$0.ran"\necho probed\n'
 
-
-def _probe(path: Path) -> Path:
-    path.write_text(PROBE)
-    path.chmod(0o700)
+def _probe(path: Path, *, mode: int = native.MODE, marked: bool = True) -> Path:
+    """A script where the client belongs; when run, it writes its arguments to ``path.ran``."""
+    path.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{path}.ran"\necho probed\n')
+    path.chmod(mode)
+    if marked:
+        mark(path)
     return path
 
 
@@ -256,9 +260,10 @@ def test_the_front_finds_the_client_where_the_client_finds_the_cache(
 def _plant(cache: Path, how: str) -> Path:
     """A probe where a careless front might run it; returns the probe."""
     expected = client_path(cache)
-    if how == "symlink":
-        target = _probe(cache / "elsewhere")
+    if how == "symlink":  # to a program of this user's that no server built (no sticky bit)
+        target = _probe(cache / "elsewhere", mode=0o700, marked=False)
         expected.symlink_to(target)
+        mark(expected)
         return target
     if how == "stale-hash":
         return _probe(
@@ -266,13 +271,26 @@ def _plant(cache: Path, how: str) -> Path:
         )
     if how == "other-host":
         return _probe(cache / (expected.name.rsplit("-", 1)[0] + "-otherhost"))
-    probe = _probe(expected)
+    if how == "other-machine":
+        machine = expected.name.split("-")[3]
+        other = "aarch64" if machine != "aarch64" else "x86_64"
+        return _probe(cache / expected.name.replace(f"-{machine}-", f"-{other}-", 1))
+    if how == "not-marked":
+        return _probe(expected, marked=False)
+    if how == "marked-for-another-boot":
+        probe = _probe(expected, marked=False)
+        mark(probe, "00000000-0000-0000-0000-000000000000")
+        return probe
+    if how == "replaced-after-its-mark":
+        _probe(expected)
+        replacement = _probe(cache / "replacement", marked=False)
+        replacement.rename(expected)
+        return expected
+    probe = _probe(expected, mode=0o700 if how == "not-sticky" else native.MODE)
     if how == "not-executable":
-        probe.chmod(0o600)
+        probe.chmod(0o1600)
     elif how == "other-owner":
         os.chown(probe, 12345, 12345)
-    elif how == "other-owners-directory":
-        os.chown(cache, 12345, 12345)
     return probe
 
 
@@ -282,13 +300,14 @@ def _plant(cache: Path, how: str) -> Path:
         "symlink",
         "stale-hash",
         "other-host",
+        "other-machine",
+        "not-marked",
+        "marked-for-another-boot",
+        "replaced-after-its-mark",
+        "not-sticky",
         "not-executable",
         pytest.param(
             "other-owner",
-            marks=pytest.mark.skipif(os.getuid() != 0, reason="needs root to give it away"),
-        ),
-        pytest.param(
-            "other-owners-directory",
             marks=pytest.mark.skipif(os.getuid() != 0, reason="needs root to give it away"),
         ),
     ],
@@ -304,6 +323,25 @@ def test_a_planted_binary_is_never_run(tmp_path: Path, how: str) -> None:
     fake_nvcc.chmod(0o755)
     env = clean_env(cache, KERNELCACHE_SERVER="0")
     proc = subprocess.run([str(front), str(fake_nvcc), "--version"], env=env, capture_output=True)
+    assert (proc.returncode, proc.stdout) == (0, b"fake nvcc: --version\n"), proc.stderr
+    assert not Path(f"{probe}.ran").exists()
+
+
+def test_the_front_leaves_a_callers_descriptor_9_alone(tmp_path: Path) -> None:
+    """The client is run through fd 9: never when the caller passed one (a jobserver's pipe)."""
+    front = make_bin(tmp_path / "bin")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    probe = _probe(client_path(cache))
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text('#!/bin/sh\necho "fake nvcc: $*"\n')
+    fake_nvcc.chmod(0o755)
+    env = clean_env(cache, KERNELCACHE_SERVER="0")
+    (tmp_path / "passed").write_text("the caller's\n")
+    opened = 'exec "$0" "$@" 9<"$PASSED"'  # what make does with its jobserver's descriptors
+    env["PASSED"] = str(tmp_path / "passed")
+    cmd = ["/bin/sh", "-c", opened, str(front), str(fake_nvcc), "--version"]
+    proc = subprocess.run(cmd, env=env, capture_output=True)
     assert (proc.returncode, proc.stdout) == (0, b"fake nvcc: --version\n"), proc.stderr
     assert not Path(f"{probe}.ran").exists()
 
@@ -328,7 +366,7 @@ def test_compiled_client_hits_are_what_nvcc_gave(setup: Setup) -> None:
         plain[name] = (proc, {p: p.read_bytes() for p in outputs if p.exists()})
         for p in outputs:
             p.unlink(missing_ok=True)
-    # No server yet: the compiled client hands over to the Python client, which starts one.
+    # No server yet: the compiled client hands over to the Python client; the launcher starts one.
     miss = setup.run(obj)
     assert miss.returncode == 0
     assert stats(setup.cache)["misses"] == 1
@@ -527,7 +565,7 @@ def test_the_server_builds_the_client_in_the_background(tmp_path: Path) -> None:
         server.stop(str(cache))
     st = os.lstat(client_path(cache))
     assert stat.S_ISREG(st.st_mode)
-    assert stat.S_IMODE(st.st_mode) == 0o700
+    assert stat.S_IMODE(st.st_mode) == 0o1700
     assert st.st_uid == os.getuid()
     assert "kernelcache server: built " in (cache / "launcher.log").read_text()
     assert _counter(cache, "compiled_client_built") == 1
@@ -605,9 +643,19 @@ def test_prune_keeps_what_is_in_use(tmp_path: Path) -> None:
     for name, age in ages.items():
         (tmp_path / name).write_text("")
         os.utime(tmp_path / name, (now - age, now - age))
+    os.link(tmp_path / keep, tmp_path / f"{keep}.ok-this-boot")  # a mark of keep: kept
+    (tmp_path / "old").write_text("")  # keep was built again since this mark: removed at once
+    os.link(tmp_path / "old", tmp_path / f"{keep}.ok-other-boot")
+    (tmp_path / "old").unlink()
     native.prune(str(tmp_path), keep, now)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [keep, "launcher-client-aaaaaaaaaaaaaaaa-there", f"{keep}.tmp.2", "nvcc-stats.json"]
+        [
+            keep,
+            f"{keep}.ok-this-boot",
+            "launcher-client-aaaaaaaaaaaaaaaa-there",
+            f"{keep}.tmp.2",
+            "nvcc-stats.json",
+        ]
     )
     assert (tmp_path / keep).stat().st_mtime > now
 
@@ -619,16 +667,17 @@ def test_start_builds_only_what_is_missing(tmp_path: Path, monkeypatch: pytest.M
     cache.mkdir()
     assert native.start(str(cache), {native.ENV: "off"}) is None
     client_path(cache).write_text("")
-    assert native.start(str(cache), {}) is None
-    client_path(cache).unlink()
-    thread = native.start(str(cache), {})
+    marked = mark(client_path(cache))
+    assert native.start(str(cache), {}) is None  # ran here since this boot: nothing to do
+    marked.unlink()
+    thread = native.start(str(cache), {})  # not known to run here: checked, removed, rebuilt
     assert thread is not None
     thread.join()
     assert not client_path(cache).exists()
     assert _counter(cache, "compiled_client_failed") == 1
     assert native.start(str(cache), {}) is None  # the failure is remembered
     assert len((fake / "calls").read_text().splitlines()) == len(native.FLAG_SETS)
-    monkeypatch.setattr(native, "host_name", lambda: None)
+    monkeypatch.setattr(native, "platform_tag", lambda: None)
     assert native.start(str(cache), {}) is None
 
 

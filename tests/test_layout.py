@@ -49,6 +49,8 @@ CORE = (
     "kernelcache.units",
     "kernelcache.errors",
     "kernelcache._dirs",
+    "kernelcache._trust",
+    "kernelcache._memos",
     "kernelcache.bundle",
     "kernelcache.maintenance",
 )

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 from kernelcache import _fs, toolchain
+from other_user import OTHER, needs_other_user, others_dir, shared_base
+
+__all__ = ["shared_base"]  # the fixture, for pytest
 
 
 @pytest.fixture(autouse=True)
@@ -88,3 +91,97 @@ def test_real_probes() -> None:
     assert toolchain.triton().startswith(("triton ", "probe_failed:"))
     nvcc = toolchain.nvcc()
     assert "release" in nvcc or nvcc.startswith("probe_failed:")
+
+
+# The memo follows the trust rule (issue 19) ------------------------------------------
+
+FORGED = "a compiler identity forged by another user"
+
+
+def _forged_memo(cc: str) -> bytes:
+    real = os.path.realpath(cc)
+    sigs = [list(_fs.signature(os.stat(p))) for p in [real, *toolchain.script_targets(real)]]
+    entry = {"sigs": sigs, "identity": FORGED}
+    return json.dumps({"version": 2, "files": {}, "executables": {real: entry}}).encode()
+
+
+def _plant_memo(base: Path, how: str, data: bytes) -> Path:
+    """A cache directory holding a forged memo, as the second user could leave it; returns it."""
+    if how == "directory-of-another-user":
+        cache = others_dir(base / "kc", 0o755)
+    elif how == "ancestor-others-can-write":
+        cache = others_dir(base / "shared", 0o777) / "kc"
+        cache.mkdir(mode=0o700)
+    else:
+        cache = base / "kc"
+        cache.mkdir(mode=0o700)
+    memo = cache / toolchain.MEMO_FILE
+    if how == "memo-is-a-link":
+        (base / "elsewhere.json").write_bytes(data)
+        memo.symlink_to(base / "elsewhere.json")
+        return cache
+    memo.write_bytes(data)
+    if how in ("directory-of-another-user", "ancestor-others-can-write", "memo-of-another-user"):
+        os.chown(memo, OTHER, OTHER)
+    if how == "memo-others-can-write":
+        memo.chmod(0o666)
+    return cache
+
+
+@needs_other_user
+@pytest.mark.parametrize(
+    "how",
+    [
+        "directory-of-another-user",
+        "ancestor-others-can-write",
+        "memo-of-another-user",
+        "memo-others-can-write",
+        "memo-is-a-link",
+    ],
+)
+def test_a_forged_memo_never_names_the_compiler(
+    shared_base: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # files here are seconds old
+    cc = fake_compiler(shared_base / "cc", "cc 4.0")
+    forged = _forged_memo(cc)
+    cache = _plant_memo(shared_base, how, forged)
+    monkeypatch.setenv("KERNELCACHE_DIR", str(cache))
+    before = sorted(p.name for p in cache.iterdir())
+    identity = toolchain.executable(cc)
+    assert identity != FORGED
+    assert "cc 4.0" in identity
+    if how in ("directory-of-another-user", "ancestor-others-can-write"):
+        assert sorted(p.name for p in cache.iterdir()) == before  # nothing written there
+        assert (cache / toolchain.MEMO_FILE).read_bytes() == forged
+    if how == "memo-is-a-link":
+        assert (shared_base / "elsewhere.json").read_bytes() == forged  # never written through
+
+
+def test_read_only_writes_no_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)
+    monkeypatch.setenv("KERNELCACHE_READONLY", "1")
+    cc = fake_compiler(tmp_path / "cc", "cc 5.0")
+    assert "cc 5.0" in toolchain.executable(cc)
+    assert not (tmp_path / "cache").exists()  # not even the directory
+    (tmp_path / "cache").mkdir(mode=0o700)
+    monkeypatch.setattr(toolchain, "_memo", None)
+    assert "cc 5.0" in toolchain.executable(cc)
+    assert list((tmp_path / "cache").iterdir()) == []
+    monkeypatch.setenv("KERNELCACHE_READONLY", "maybe")  # unsure: write nothing either
+    monkeypatch.setattr(toolchain, "_memo", None)
+    toolchain.executable(cc)
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_the_memo_helper_round_trips_in_a_trusted_directory(tmp_path: Path) -> None:
+    from kernelcache import _memos
+
+    assert _memos.load("x.json") == {}
+    assert _memos.save("x.json", {"a": [1, 2]})
+    assert _memos.load("x.json") == {"a": [1, 2]}
+    assert stat.S_IMODE((tmp_path / "cache" / "x.json").stat().st_mode) == 0o600
+    (tmp_path / "cache" / "x.json").write_text("[1]")  # not an object
+    assert _memos.load("x.json") == {}
+    (tmp_path / "cache" / "x.json").write_bytes(b"{" * (_memos.MAX_BYTES + 1))
+    assert _memos.load("x.json") == {}

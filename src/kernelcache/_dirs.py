@@ -34,3 +34,18 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     text = env.get(DIR_VARIABLE, "")
     return os.path.expanduser(text) if text.strip() else default_dir()
+
+
+#: The variable that makes every tier read-only (see :class:`~kernelcache.settings.Settings`).
+READONLY_VARIABLE = "KERNELCACHE_READONLY"
+
+
+def read_only(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``KERNELCACHE_READONLY`` forbids writing into the cache directory.
+
+    For code below the settings (memo files). A value the settings would
+    reject counts as read-only here: when unsure, write nothing (the settings
+    say what is wrong with it).
+    """
+    env = os.environ if environ is None else environ
+    return env.get(READONLY_VARIABLE, "").strip().lower() not in ("", "0", "false", "no", "off")

@@ -67,12 +67,18 @@ def too_new(st: os.stat_result, now_ns: int, *, network: bool = True) -> bool:
 
 
 def write_new(
-    path: str, parts: Sequence[bytes | memoryview], *, mode: int = 0o600, durable: bool = False
+    path: str,
+    parts: Sequence[bytes | memoryview],
+    *,
+    mode: int = 0o600,
+    durable: bool = False,
+    dir_fd: int | None = None,
 ) -> None:
     """Create ``path`` (it must not exist; a symlink there is refused) holding ``parts``.
 
     For files in a private staging area, published afterwards by a rename.
-    ``durable`` adds an ``fsync`` before returning.
+    ``durable`` adds an ``fsync`` before returning; ``dir_fd``: ``path`` is
+    relative to that directory (a checked one, see :mod:`kernelcache._trust`).
 
     The parts go out in one ``writev``, not one ``write`` each: a file
     written in one call gets large page-cache folios (ext4, XFS), which the
@@ -80,7 +86,7 @@ def write_new(
     header, then data read ~12 us (25 %) slower on every hit than one
     written whole (measured with benchmarks/bench_stores.py).
     """
-    fd = os.open(path, _CREATE, mode)
+    fd = os.open(path, _CREATE, mode, dir_fd=dir_fd)
     try:
         _write_all(fd, parts)
         if durable:
@@ -112,6 +118,7 @@ def write_atomic(
     mode: int = 0o600,
     durable: bool = False,
     unlink_first: bool = False,
+    dir_fd: int | None = None,
 ) -> None:
     """Replace ``path`` with ``data`` so that no reader ever sees it partly written.
 
@@ -121,20 +128,21 @@ def write_atomic(
     renaming over an existing file forces a flush of the new data
     (``auto_da_alloc``), ~2 ms per file, which the launcher's outputs need
     not pay; readers then see no file for a moment instead of the old one.
-    Raises ``OSError``; nothing is left behind on failure.
+    ``dir_fd``: both names are relative to that directory. Raises
+    ``OSError``; nothing is left behind on failure.
     """
-    folder = staging if staging is not None else os.path.dirname(path) or "."
+    folder = staging if staging is not None else os.path.dirname(path)
     tmp = os.path.join(folder, f".{os.path.basename(path)[:64]}.{unique()}.tmp")
     parts = [data] if isinstance(data, bytes) else data
     try:
-        write_new(tmp, parts, mode=mode, durable=durable)
+        write_new(tmp, parts, mode=mode, durable=durable, dir_fd=dir_fd)
         if unlink_first:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        os.replace(tmp, path)
+                os.unlink(path, dir_fd=dir_fd)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
 
 

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from kernelcache import _fs, fstype
+from kernelcache import _trust, fstype
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.settings import Settings
@@ -76,11 +76,8 @@ def settings_dir(settings: Settings) -> str | None:
     """
     if settings.disable:
         return None
-    try:
-        st = os.stat(settings.dir)
-    except OSError:
-        return settings.dir  # not made yet: whoever makes it makes it private
-    return settings.dir if _fs.ownership_problem(st) is None else None
+    # Missing (with trusted ancestors) is fine: whoever makes it makes it private.
+    return settings.dir if _trust.refusal(settings.dir) is None else None
 
 
 def local_tier(settings: Settings) -> Store:

@@ -9,19 +9,20 @@ with a working one and keys stay stable across repeated failing calls.
 Content hashes of large files (``libnvrtc.so`` is ~140 MB, ``nvcc``) are
 memoised in a small JSON file under the cache directory, keyed by path and
 ``stat`` signature (``_fs.signature``), so a fresh process does not re-hash
-the compiler on every call.
+the compiler on every call. The memo names the compiler in every key, so it
+is read and written only as :mod:`kernelcache._memos` allows (a trusted
+directory, never through a link, nothing when read-only).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import time
 from typing import TYPE_CHECKING
 
-from kernelcache import _fs
+from kernelcache import _fs, _memos
 from kernelcache._dirs import cache_dir
 
 if TYPE_CHECKING:
@@ -57,29 +58,22 @@ def memo_path() -> str:
 
 
 def _load_memo() -> dict[str, Any]:
+    """The memo of this process, read once per cache directory (:mod:`kernelcache._memos`)."""
     global _memo, _memo_path
     path = memo_path()
     if _memo is None or _memo_path != path:
         _memo_path = path
-        try:
-            with open(path, "rb") as f:
-                data = json.loads(f.read())
-        except (OSError, ValueError):
-            data = None  # missing or damaged: start afresh, it is only a memo
-        if not isinstance(data, dict) or data.get("version") != _MEMO_VERSION:
+        data = _memos.load(MEMO_FILE)  # refused, missing or damaged: empty, it is only a memo
+        tables = (data.get("files"), data.get("executables"))
+        if data.get("version") != _MEMO_VERSION or not all(isinstance(t, dict) for t in tables):
             data = {"version": _MEMO_VERSION, "files": {}, "executables": {}}
         _memo = data
     return _memo
 
 
 def _save_memo(memo: dict[str, Any]) -> None:
-    """Write the memo atomically; a failure only costs a re-hash later."""
-    path = _memo_path or memo_path()
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        _fs.write_atomic(path, json.dumps(memo, sort_keys=True).encode())
-    except OSError:
-        return  # only a memo: the next call hashes again
+    """Write the memo (not when read-only, nor into a refused directory); a failure only costs a re-hash later."""
+    _memos.save(MEMO_FILE, memo)
 
 
 def file_digest(path: str) -> str:

@@ -13,7 +13,7 @@ import os
 
 from kernelcache.cli.output import print_json, table
 from kernelcache.nvcc import server
-from kernelcache.nvcc.client import LOG, SOCKET
+from kernelcache.nvcc.client import SOCKET
 from kernelcache.settings import Settings
 
 
@@ -26,7 +26,7 @@ def status(directory: str) -> dict[str, object]:
         "pid": found[0] if found else None,
         "idle_timeout": found[1] if found else None,
         "socket": os.path.join(directory, os.fsdecode(SOCKET)),
-        "log": os.path.join(directory, os.fsdecode(LOG)),
+        "log": os.path.join(directory, server.LOG),
         # What the next server started from this environment would use.
         "idle_timeout_configured": server.idle_seconds(os.environ),
     }

@@ -5,7 +5,7 @@
  * The launcher's server builds it in the background into the cache directory
  * (kernelcache/nvcc/native.py) and bin/kernelcache runs it as
  *
- *     launcher-client-<hash>-<host> PYTHON SCRIPT NVCC ARGS...
+ *     launcher-client-<hash>-<machine>-<system>-<libc>-<host> PYTHON SCRIPT NVCC ARGS...
  *
  * It asks the server through launcher.sock exactly as client.py does (the
  * same cache directory, checks and request), then:
@@ -19,7 +19,16 @@
  *     execs PYTHON -m kernelcache.nvcc.launcher NVCC ARGS..., which is
  *     correct without any server.
  * Every length in a reply is checked before it is used.
- * "launcher-client-... --protocol" prints the protocol: the server's self-test.
+ * "launcher-client-... --protocol" prints the protocol: the server's self-test;
+ * "--trusted DIR" exits 0 when DIR passes the trust rule (tests compare it
+ * with kernelcache/_trust.py on the same trees).
+ *
+ * bin/kernelcache runs it through a descriptor (/proc/self/fd/9): the file
+ * it opened and checked is the file that runs. Before it asks anything, the
+ * client checks that the cache directory and every ancestor are trusted
+ * (open_trusted_dir) and that it is that directory's client (runs_from);
+ * otherwise it hands over to the in-process launcher, which says why and
+ * compiles without the cache (issue 19).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -133,7 +142,7 @@ static int is_space(char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
 }
 
-/* client._is_false, client._is_true: one of four words, any case, spaces around. */
+/* client.is_false, client.is_true: one of four words, any case, spaces around. */
 static int is_word(const char *value, const char *const names[4]) {
     if (value == NULL)
         return 0;
@@ -231,34 +240,137 @@ static int wait_fd(int fd, short events, double deadline) {
     }
 }
 
-/* A connection to this user's server for dir: the fd, or -1 with *why set. */
-static int connect_server(const char *dir, double deadline, enum fallback *why) {
-    *why = NO_SERVER;
-    char *path = concat(dir, strlen(dir), "/" SOCKET_NAME);
-    if (path == NULL)
-        return -1;
+/* The trust rule of kernelcache/_trust.py (one rule, two languages: a test
+   runs both on the same trees). A directory is trusted when it and every
+   ancestor belong to this user or root and nobody else can write them, save
+   sticky ancestors (/tmp), where nobody renames what is not theirs; every
+   link followed on the way must be this user's or root's too. The walk opens
+   each component with O_NOFOLLOW relative to the one before and checks the
+   directory it opened, so what it returns is what it checked. */
+#define MAX_LINKS 40
+
+static int owner_ok(const struct stat *st) {
+    return st->st_uid == geteuid() || st->st_uid == 0;
+}
+
+static int ancestor_ok(const struct stat *st) {
+    return S_ISDIR(st->st_mode) && owner_ok(st) &&
+           (!(st->st_mode & 022) || (st->st_mode & S_ISVTX));
+}
+
+static int open_root(void) {
+    int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     struct stat st;
-    if (lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_uid != getuid()) {
-        free(path); /* none, not a socket, or not ours: never talk to it */
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !ancestor_ok(&st))) {
+        close(fd);
         return -1;
     }
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    int dirfd = -1;
-    if (strlen(path) < sizeof addr.sun_path) {
-        memcpy(addr.sun_path, path, strlen(path) + 1);
-    } else { /* sun_path is short: reach the socket through the directory */
-        dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dirfd < 0) {
-            free(path);
-            return -1;
+    return fd;
+}
+
+/* A descriptor of the directory path once it is trusted, as this user's own
+   (a program runs from it); -1 otherwise. */
+static int open_trusted_dir(const char *path) {
+    size_t cap = strlen(path) + 1;
+    char *rest = malloc(cap);
+    if (rest == NULL)
+        return -1;
+    memcpy(rest, path, cap);
+    int fd = open_root(), links = 0;
+    char *p = rest;
+    while (fd >= 0) {
+        while (*p == '/')
+            p++;
+        if (*p == '\0') {
+            struct stat st;
+            if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+                (st.st_mode & 022)) {
+                close(fd);
+                fd = -1;
+            }
+            break;
         }
-        snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/" SOCKET_NAME, dirfd);
+        char *end = strchr(p, '/');
+        char *next = end ? end + 1 : p + strlen(p);
+        if (end)
+            *end = '\0';
+        if (strcmp(p, ".") == 0) {
+            p = next;
+            continue;
+        }
+        int child = openat(fd, p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (child >= 0) {
+            close(fd);
+            fd = child;
+            if (fstat(fd, &st) != 0 || !ancestor_ok(&st))
+                break;
+            p = next;
+            continue;
+        }
+        char target[PATH_MAX];
+        ssize_t n = -1;
+        if ((errno == ELOOP || errno == ENOTDIR) && ++links <= MAX_LINKS &&
+            fstatat(fd, p, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode) && owner_ok(&st))
+            n = readlinkat(fd, p, target, sizeof target - 1);
+        if (n <= 0)
+            break;
+        target[n] = '\0';
+        /* the rest of the walk: the link's target, then what followed the link */
+        size_t tail = strlen(next);
+        char *joined = malloc((size_t)n + 1 + tail + 1);
+        if (joined == NULL)
+            break;
+        memcpy(joined, target, (size_t)n);
+        joined[n] = '/';
+        memcpy(joined + n + 1, next, tail + 1);
+        free(rest);
+        rest = p = joined;
+        if (target[0] == '/') {
+            close(fd);
+            fd = open_root();
+        }
     }
-    free(path);
+    if (fd >= 0 && *p != '\0') { /* left the loop before the end: refused */
+        close(fd);
+        fd = -1;
+    }
+    free(rest);
+    return fd;
+}
+
+/* Whether this process runs the client file of the checked directory: the
+   front ran it through a descriptor (/proc/self/fd/9, which it then leaves
+   open: closed here), so this is the file it checked, and the file must be
+   the one of that name in the trusted directory. */
+static int runs_from(int dirfd) {
+    struct stat self, there, fd9;
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0 || stat("/proc/self/exe", &self) != 0)
+        return 0;
+    exe[n] = '\0';
+    const char *name = strrchr(exe, '/');
+    if (fstat(9, &fd9) == 0 && fd9.st_dev == self.st_dev && fd9.st_ino == self.st_ino)
+        close(9);
+    return name != NULL && fstatat(dirfd, name + 1, &there, AT_SYMLINK_NOFOLLOW) == 0 &&
+           S_ISREG(there.st_mode) && there.st_dev == self.st_dev && there.st_ino == self.st_ino &&
+           there.st_uid == geteuid() && !(there.st_mode & 022);
+}
+
+/* A connection to this user's server in the checked directory dirfd: the fd,
+   or -1 with *why set. */
+static int connect_server(int dirfd, double deadline, enum fallback *why) {
+    *why = NO_SERVER;
+    struct stat st;
+    if (fstatat(dirfd, SOCKET_NAME, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != getuid())
+        return -1; /* none, not a socket, or not ours: never talk to it */
+    /* Through the descriptor: the checked directory, and no sun_path limit. */
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/" SOCKET_NAME, dirfd);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        if (dirfd >= 0)
-            close(dirfd);
         *why = LOCAL;
         return -1;
     }
@@ -275,8 +387,6 @@ static int connect_server(const char *dir, double deadline, enum fallback *why) 
         rc = connect(fd, (struct sockaddr *)&addr, sizeof addr);
     while (rc != 0 && errno == EINTR);
     int err = errno;
-    if (dirfd >= 0)
-        close(dirfd);
     if (rc != 0) {
         close(fd);
         *why = err == ECONNREFUSED || err == ENOENT ? NO_SERVER : LOCAL;
@@ -449,8 +559,18 @@ static enum fallback serve(int argc, char **argv) {
     char *dir = cwd ? cache_dir(cwd) : NULL;
     if (dir == NULL)
         return LOCAL;
+    /* A directory that is not trusted, or a client that is not its own: the
+       in-process launcher says why and compiles without the cache. */
+    int dirfd = open_trusted_dir(dir);
+    if (dirfd < 0)
+        return LOCAL;
+    if (!runs_from(dirfd)) {
+        close(dirfd);
+        return LOCAL;
+    }
     enum fallback why;
-    int fd = connect_server(dir, deadline, &why);
+    int fd = connect_server(dirfd, deadline, &why);
+    close(dirfd);
     if (fd < 0)
         return why;
     struct buf request = {0};
@@ -491,6 +611,10 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         puts(KC_PROTOCOL);
         return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "--trusted") == 0) { /* for the test of the one rule */
+        int fd = open_trusted_dir(argv[2]);
+        return fd < 0 ? 1 : 0;
     }
     if (argc < 4) {
         fprintf(stderr, "usage: %s PYTHON SCRIPT NVCC ARGS...\n", argv[0]);

@@ -21,7 +21,9 @@ socket ``launcher.sock`` in the cache directory, and:
 - otherwise (a miss, no server, a server that died mid-request or answered
   something else) run the launcher in-process (:mod:`kernelcache.nvcc.launcher`;
   from the script, by starting ``python -m kernelcache.nvcc.launcher``), which
-  is correct without any server. A missing server is started for the next call.
+  is correct without any server. The launcher starts a missing server for the
+  next call once the directory passed the trust rule: this module writes
+  nothing, and runs nothing from the cache directory (issue 19).
 
 The socket must be a socket owned by this user, and so must be the process
 at its other end (``SO_PEERCRED``). Messages are length-prefixed byte strings,
@@ -41,10 +43,6 @@ if TYPE_CHECKING:
 #: Both ends check it: a server of another version answers "fallback" and exits.
 PROTOCOL = b"kernelcache-launcher/2"
 SOCKET = b"launcher.sock"
-LOG = b"launcher.log"
-STARTING = b"launcher.starting"
-#: A start marker older than this belongs to a start that failed: try again.
-START_GRACE_NS = 10_000_000_000
 #: How long a client waits for its answer before compiling by itself
 #: (``KERNELCACHE_SERVER_TIMEOUT`` seconds).
 REPLY_TIMEOUT = 120.0
@@ -137,11 +135,11 @@ def _fsdecode(data: bytes) -> str:
     return data.decode(sys.getfilesystemencoding(), "surrogateescape")
 
 
-def _is_false(value: bytes | None) -> bool:
+def is_false(value: bytes | None) -> bool:
     return value is not None and value.strip().lower() in (b"0", b"false", b"no", b"off")
 
 
-def _is_true(value: bytes | None) -> bool:
+def is_true(value: bytes | None) -> bool:
     return value is not None and value.strip().lower() in (b"1", b"true", b"yes", b"on")
 
 
@@ -153,7 +151,7 @@ def _timeout(value: bytes | None) -> float:
     return seconds if seconds > 0 else REPLY_TIMEOUT
 
 
-def _connect(directory: bytes, timeout: float) -> _socket.socket | None:
+def connect(directory: bytes, timeout: float) -> _socket.socket | None:
     """A connection to this user's server for ``directory``; ``None`` if there is none."""
     path = directory + b"/" + SOCKET
     try:
@@ -188,7 +186,7 @@ def _connect(directory: bytes, timeout: float) -> _socket.socket | None:
 
 def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
     """The server's answer to this call, or ``None`` when no server could give one."""
-    sock = _connect(directory, _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT")))
+    sock = connect(directory, _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT")))
     if sock is None:
         return None
     env = [k + b"=" + v for k, v in _environ().items()]
@@ -202,47 +200,6 @@ def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
         return None  # a server that died or hung mid-request: compile without it
     finally:
         sock.close()
-
-
-def start_server(directory: bytes) -> None:
-    """Start the server for ``directory`` in the background, unless one is starting."""
-    marker = directory + b"/" + STARTING
-    try:
-        fd = posix.open(marker, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600)
-    except FileExistsError:
-        try:
-            if posix.stat(marker).st_mtime_ns > _now_ns() - START_GRACE_NS:
-                return  # another client started one a moment ago
-            posix.unlink(marker)
-            fd = posix.open(marker, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600)
-        except OSError:
-            return
-    except OSError:
-        return  # no cache directory yet: the in-process run creates it
-    posix.close(fd)
-    try:  # the log is as private as the rest of the directory
-        posix.close(posix.open(directory + b"/" + LOG, posix.O_WRONLY | posix.O_CREAT, 0o600))
-    except OSError:
-        return
-    env = dict(_environ())
-    env[b"KERNELCACHE_DIR"] = directory
-    # sh puts the server in the background and exits at once: the server is
-    # then nobody's child (no zombie in a long-lived caller) and holds none of
-    # the caller's pipes (a test's captured output never waits for it).
-    script = b'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >>"$2" 2>&1 &'
-    argv = [b"/bin/sh", b"-c", script, sys.executable.encode(), directory]
-    argv.append(directory + b"/" + LOG)
-    try:
-        pid = posix.posix_spawn(b"/bin/sh", argv, env)
-        posix.waitpid(pid, 0)
-    except OSError:
-        return
-
-
-def _now_ns() -> int:
-    import time  # built in; only when a server has to be started
-
-    return time.time_ns()
 
 
 def _write(fd: int, data: bytes) -> None:
@@ -260,13 +217,11 @@ def serve(
     cwd = posix.getcwdb()
     # Read-only writes nothing into the cache directory, and a server would
     # (its socket, lock and log live there): the launcher runs in-process.
-    off = _is_false(env.get(b"KERNELCACHE_SERVER")) or _is_true(env.get(b"KERNELCACHE_READONLY"))
+    off = is_false(env.get(b"KERNELCACHE_SERVER")) or is_true(env.get(b"KERNELCACHE_READONLY"))
     directory = None if off else cache_dir(env, cwd)
     reply = None
     if directory is not None:
         reply = ask(directory, [_fsencode(a) for a in argv], cwd)
-        if reply is None:
-            start_server(directory)
     if reply and reply[0] == b"hit" and len(reply) == 4:
         for fd, data in ((1, reply[2]), (2, reply[3])):
             _write(fd, data)

@@ -73,10 +73,19 @@ def main(argv: list[str]) -> int:
         return _without_cache(nvcc, args, exc)
     if settings.disable:
         return run_plain(nvcc, args)
+    _wake_server(settings)
     rc, outcome = _run(settings, nvcc, inv)
     if outcome is not None:
         outcome.record(settings)
     return rc
+
+
+def _wake_server(settings: Settings) -> None:
+    """Start the server for the next call when none listens (see :mod:`kernelcache.nvcc.spawn`)."""
+    if not settings.read_only:  # read-only writes nothing, and a server would
+        from kernelcache.nvcc import spawn
+
+        spawn.wake(settings.dir, os.environ)
 
 
 def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome | None]:
@@ -106,9 +115,18 @@ def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome |
 
 
 def _open_cache(settings: Settings) -> Cache:
+    from kernelcache import _trust
     from kernelcache.cache import Cache
     from kernelcache.errors import StoreError
 
+    try:  # a refusal is said once, by the caller: no tier is opened to say it again
+        fd = _trust.open_dir(settings.dir)
+    except _trust.UntrustedDirectory as exc:
+        raise StoreError(f"refusing {exc}") from None
+    except OSError:
+        fd = None  # unusable for another reason: the tiers say which
+    if fd is not None:
+        os.close(fd)
     cache = Cache(settings=settings)
     refused = next((tier.unusable for tier in cache.tiers if tier.unusable), None)
     if refused is not None:  # the directory is someone else's, or not one: say so

@@ -9,16 +9,39 @@ install time and nothing on a hit path: the server
 thread (:func:`start`) when ``cc`` or ``gcc`` is on its ``PATH`` and this
 source's binary for this host is missing:
 
-- into the cache directory, which the server has checked is private to this
-  user, as ``launcher-client-<16 hex of the source's SHA-256>-<host name>``:
-  a binary of another version is never run (``bin/kernelcache`` names the
-  one it expects), nor one built on another machine that shares the
-  directory (another architecture or C library);
+- into the cache directory, which the server has checked by the trust rule
+  (:mod:`kernelcache._trust`: this user's own, every ancestor trusted), as
+  ``launcher-client-<16 hex of the source's SHA-256>-<machine>-<system>-<libc>-<host>``
+  (:func:`platform_tag`): a binary of another version is never run
+  (``bin/kernelcache`` names the one it expects), nor one built on a machine
+  of another architecture or C library that shares the directory;
 - statically linked where the C library allows it (it then runs in any
   container of this host), dynamically otherwise;
 - under a temporary name, run once (it must print :data:`client.PROTOCOL`:
   it can run here, from this directory, and speaks this server's protocol),
-  then mode 0700 and an atomic rename.
+  then mode 1700 (:data:`MODE`: the sticky bit says "a client this user's
+  server built", which the front checks on the file it opened) and an
+  atomic rename;
+- marked for this boot (:func:`mark_name`: a hard link ``<name>.ok-<boot id>``,
+  the very same file). The front runs only a marked client: a binary that a
+  same-named machine left under this name and that cannot start here (its
+  C library's version is not in the name) is never run; the server checks
+  it (:func:`ensure`: run once), and removes and rebuilds what does not run.
+
+How ``bin/kernelcache`` runs it, and why that is safe although a shell cannot
+``fexecve``: it opens the file on descriptor 9, checks *that open file*
+(``/proc/self/fd/9``: regular, executable, this user's, with the sticky
+mark, the same file as this boot's mark) and executes ``/proc/self/fd/9``,
+which is what glibc's ``fexecve`` does without ``execveat``: what runs is the
+file checked, whatever happens to the path meanwhile. Another user who can
+change the path (a parent they can write) can then only make it run a file
+of this user's that this user's server marked: a kernelcache client, which
+checks the directory and every ancestor itself (``client.c``), and that it
+is that directory's own file, before it asks anything; failing that it hands
+over to the in-process launcher, which refuses the directory and compiles
+with plain nvcc. Opening a planted FIFO could still block the front: that
+costs a build its progress, not its safety, and needs a directory others
+can write, which the launcher warns about on every call.
 
 A failed build is logged in ``launcher.log``, counted
 (``compiled_client_failed`` in the launcher statistics) and remembered in
@@ -36,6 +59,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -59,16 +83,27 @@ STALE_SECONDS = 30 * 86400.0
 TEMP_SECONDS = 3600.0
 #: What gcc reads from the environment: a user's CPATH must not break the build.
 _COMPILER_VARS = ("CPATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
-_HOST_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+#: The client's mode: the sticky bit (no meaning on a regular file for Linux) marks a
+#: client this user's server built, which ``bin/kernelcache`` checks before it runs one.
+MODE = 0o1700
+#: Between a binary's name and the boot id of its mark (:func:`mark_name`).
+MARK = ".ok-"
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 __all__ = [
     "ENV",
     "PREFIX",
     "SOURCE",
     "binary_name",
+    "boot_id",
     "build",
+    "check",
+    "ensure",
     "host_name",
     "is_compiled_client",
+    "mark_name",
+    "marked",
+    "platform_tag",
     "prune",
     "source_hash",
     "start",
@@ -81,18 +116,52 @@ def source_hash(source: bytes) -> str:
     return hashlib.sha256(source).hexdigest()[:16]
 
 
-def host_name(path: str = "/proc/sys/kernel/hostname") -> str | None:
-    """This machine's name as ``bin/kernelcache`` reads it; ``None`` if unusable in a file name."""
+def _proc_word(path: str) -> str | None:
+    """The first line of ``path`` (a ``/proc`` file) if usable in a file name, else ``None``."""
     try:
         with open(path, "rb") as f:
-            name = f.read(256).split(b"\n", 1)[0].decode("ascii")
+            word = f.read(256).split(b"\n", 1)[0].decode("ascii")
     except (OSError, UnicodeDecodeError):
         return None
-    return name if name and set(name) <= _HOST_CHARS else None
+    return word if word and set(word) <= _NAME_CHARS else None
 
 
-def binary_name(source: bytes, host: str) -> str:
-    return f"{PREFIX}{source_hash(source)}-{host}"
+def host_name(path: str = "/proc/sys/kernel/hostname") -> str | None:
+    """This machine's name as ``bin/kernelcache`` reads it; ``None`` if unusable in a file name."""
+    return _proc_word(path)
+
+
+def platform_tag(proc: str = "/proc/sys/kernel", root: str = "/") -> str | None:
+    """``MACHINE-SYSTEM-LIBC-HOST``, as ``bin/kernelcache`` reads them without starting a program.
+
+    The machine (``uname -m``, from ``kernel.arch``; ``unknown`` on kernels
+    without it), the system (``uname -s``), the C library's family (``musl``
+    where its loader is, else ``gnu``) and the host name (issue 19): two
+    machines of one host name but another architecture or C library never
+    share a binary. Its version is not in the name (the front cannot learn
+    it without starting a program); the mark of :func:`check` covers it.
+    """
+    host, system = _proc_word(f"{proc}/hostname"), _proc_word(f"{proc}/ostype")
+    machine = _proc_word(f"{proc}/arch") or "unknown"
+    if host is None or system is None:
+        return None
+    libc = "musl" if os.path.exists(f"{root}lib/ld-musl-{machine}.so.1") else "gnu"
+    return f"{machine}-{system}-{libc}-{host}"
+
+
+def boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> str | None:
+    """This boot's random id: what tells one machine from another of the same name."""
+    return _proc_word(path)
+
+
+def binary_name(source: bytes, tag: str) -> str:
+    """The client's file name for ``source`` on a machine of :func:`platform_tag` ``tag``."""
+    return f"{PREFIX}{source_hash(source)}-{tag}"
+
+
+def mark_name(name: str, boot: str) -> str:
+    """The hard link that says binary ``name`` ran on the machine of boot ``boot``."""
+    return f"{name}{MARK}{boot}"
 
 
 def is_compiled_client(pid: int) -> bool:
@@ -109,59 +178,134 @@ def wanted(environ: Mapping[str, str]) -> bool:
     return value not in ("0", "false", "no", "off")
 
 
+def marked(directory: str, name: str, boot: str) -> bool:
+    """Whether ``name`` ran here since this boot: its mark is the very same file."""
+    try:
+        st = os.lstat(os.path.join(directory, name))
+        mark = os.lstat(os.path.join(directory, mark_name(name, boot)))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) == (mark.st_dev, mark.st_ino)
+
+
 def start(directory: str, environ: Mapping[str, str]) -> threading.Thread | None:
-    """Build this source's client for this host in the background, if it is missing and can be."""
-    host = host_name()
-    if sys.platform != "linux" or host is None:
+    """Check, or build, this source's client for this machine in the background, if needed.
+
+    ``directory`` must have passed the trust rule (:mod:`kernelcache._trust`;
+    the server's own check): everything here is done by path inside it.
+    """
+    tag, boot = platform_tag(), boot_id()
+    if sys.platform != "linux" or tag is None or boot is None:
         return None
     try:
         with open(SOURCE, "rb") as f:
             source = f.read()
     except OSError:
         return None  # an installation without the C source: the Python client serves
-    name = binary_name(source, host)
+    name = binary_name(source, tag)
     path = os.path.join(directory, name)
     prune(directory, name, time.time())
-    if not wanted(environ) or os.path.exists(path):
+    if not wanted(environ) or marked(directory, name, boot):
         return None
     if os.path.exists(path + ".failed"):
         _log(f"the compiled client is not built again until {path}.failed is removed")
         return None
     compiler = next(filter(None, (shutil.which(c) for c in COMPILERS)), None)
-    if compiler is None:
+    if compiler is None and not os.path.lexists(path):
         _log(f"no C compiler ({', '.join(COMPILERS)}) on PATH: the Python client serves")
         return None
-    thread = threading.Thread(target=build, args=(directory, name, compiler), daemon=True)
+    thread = threading.Thread(target=ensure, args=(directory, name, compiler, boot), daemon=True)
     thread.start()
     return thread
 
 
+def ensure(directory: str, name: str, compiler: str | None, boot: str) -> bool:
+    """Mark ``name`` if it runs here; otherwise (a binary of a same-named machine that cannot
+    start here, a damaged one) remove it and build it again (issue 19)."""
+    path = os.path.join(directory, name)
+    if os.path.lexists(path):
+        if check(directory, name, boot):
+            return True
+        _log(f"{path} does not run on this machine: it is built again")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return compiler is not None and build(directory, name, compiler)
+
+
+def check(directory: str, name: str, boot: str | None = None) -> bool:
+    """Whether ``directory/name`` is a file of this user's that runs here and speaks this
+    protocol; if so, mark it for this boot (``bin/kernelcache`` runs only a marked client)."""
+    path = os.path.join(directory, name)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        done = _step([path, "--protocol"], _build_env(), directory)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if done.returncode != 0 or done.stdout.strip() != PROTOCOL.decode():
+        return False
+    boot = boot or boot_id()
+    return boot is None or _mark(directory, name, boot)
+
+
+def _mark(directory: str, name: str, boot: str) -> bool:
+    """Link ``name``'s mark for ``boot`` to it (replacing a stale one); ``False`` if links fail."""
+    path = os.path.join(directory, name)
+    temp = f"{path}.tmp.{_fs.unique()}"
+    try:
+        os.link(path, temp)
+        os.replace(temp, os.path.join(directory, mark_name(name, boot)))
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        return False  # no hard links here: the Python client serves
+    return True
+
+
 def prune(directory: str, keep: str, now: float) -> None:
-    """Remove stale binaries, failure notes and temporaries; refresh ``keep``'s date."""
+    """Remove stale binaries, marks, failure notes and temporaries; refresh ``keep``'s date.
+
+    A mark of ``keep`` that is not ``keep`` itself any more (it was built
+    again) is removed at once.
+    """
     with contextlib.suppress(FileNotFoundError):
         os.utime(os.path.join(directory, keep), follow_symlinks=False)
     try:
         names = [n for n in os.listdir(directory) if n.startswith(PREFIX) and n != keep]
     except OSError:
         return
+    try:
+        current: os.stat_result | None = os.lstat(os.path.join(directory, keep))
+    except OSError:
+        current = None
     for name in names:
         path = os.path.join(directory, name)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        limit = TEMP_SECONDS if ".tmp." in name else STALE_SECONDS
-        if now - st.st_mtime > limit and st.st_uid == os.getuid():
+        if name.startswith(keep + MARK) and ".tmp." not in name:
+            stale = current is None or (st.st_dev, st.st_ino) != (current.st_dev, current.st_ino)
+        else:
+            limit = TEMP_SECONDS if ".tmp." in name else STALE_SECONDS
+            stale = now - st.st_mtime > limit
+        if stale and st.st_uid == os.getuid():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
 
-def build(directory: str, name: str, compiler: str) -> bool:
-    """Compile, check and install ``directory/name``; on failure log, count and remember it."""
-    path = os.path.join(directory, name)
-    temp = f"{path}.tmp.{_fs.unique()}"
+def _build_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _COMPILER_VARS}
     env["LC_ALL"] = "C"
+    return env
+
+
+def build(directory: str, name: str, compiler: str) -> bool:
+    """Compile, check, install and mark ``directory/name``; on failure log, count and remember it."""
+    path = os.path.join(directory, name)
+    temp = f"{path}.tmp.{_fs.unique()}"
+    env = _build_env()
     log: list[str] = []
     try:
         for flags in FLAG_SETS:
@@ -176,7 +320,7 @@ def build(directory: str, name: str, compiler: str) -> bool:
         if check.returncode != 0 or check.stdout.strip() != PROTOCOL.decode():
             log.append(f"$ {temp} --protocol\nexit {check.returncode}: {check.stdout!r}")
             return _failed(directory, name, log)
-        os.chmod(temp, 0o700)
+        os.chmod(temp, MODE)
         os.rename(temp, path)
     except (OSError, subprocess.SubprocessError) as exc:
         log.append(f"{type(exc).__name__}: {exc}")
@@ -186,6 +330,9 @@ def build(directory: str, name: str, compiler: str) -> bool:
             os.unlink(temp)
     _count(directory, "compiled_client_built")
     _log(f"built {path} ({' '.join(flags)})")
+    boot = boot_id()
+    if boot is not None:
+        _mark(directory, name, boot)
     return True
 
 

@@ -1,9 +1,11 @@
 """The launcher's server: one warm process per user and cache directory that answers hits.
 
-Started on demand by a client (:mod:`kernelcache.nvcc.client`) as
-``python -m kernelcache.nvcc.server DIR``, in its own session, with its
-output appended to ``DIR/launcher.log``. It listens on ``DIR/launcher.sock``
-(mode 0600, in a directory that must be private to this user) and serves
+Started on demand (:func:`kernelcache.nvcc.spawn.start`, by the in-process launcher when no server
+answered its client) as ``python -m kernelcache.nvcc.server DIR``, in its own
+session. It checks ``DIR`` first (:mod:`kernelcache._trust`: this user's, and
+every ancestor trusted), then makes every file relative to that checked
+descriptor, never through a link: its output appended to ``DIR/launcher.log``,
+its lock, and ``DIR/launcher.sock`` (mode 0600), on which it serves
 one request at a time: it enters the client's working directory, reads
 the client's environment from the request, and does the direct lookup with
 a real :class:`~kernelcache.cache.Cache` over the disk (and remote) tiers,
@@ -38,20 +40,23 @@ import socket
 import sys
 import time
 
-from kernelcache import _fs
+from kernelcache import _trust
 from kernelcache.cache import Cache
 from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
-from kernelcache.nvcc.client import LOG, PROTOCOL, SOCKET, STARTING, pack, receive
+from kernelcache.nvcc.client import PROTOCOL, SOCKET, pack, receive
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
 from kernelcache.nvcc.native import start as start_build
 from kernelcache.nvcc.outputs import write_outputs
+from kernelcache.nvcc.spawn import STARTING
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
 
 DEFAULT_IDLE = 600.0
+#: The server's output, appended (it opens it itself, once the directory is checked).
+LOG = "launcher.log"
 #: Held (flock) by the running server, which writes its pid into it.
 LOCK = "launcher.lock"
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
@@ -69,25 +74,26 @@ __all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "running", "stop"]
 class Server:
     """The listening socket and the Caches; :meth:`run` serves until idle."""
 
-    def __init__(self, directory: str, idle: float) -> None:
+    def __init__(self, directory: str, dir_fd: int, idle: float) -> None:
         self.directory = os.path.abspath(directory)
+        #: The checked directory (:mod:`kernelcache._trust`): every file is made relative to it.
+        self.dir_fd = dir_fd
         self.idle = idle
         self.caches: dict[Settings, Cache] = {}
         self.known = Identities()
         #: (answer, whether to the compiled client) -> how many, for the log
         self.answered: dict[tuple[str, bool], int] = {}
-        self.dir_id = _identity(os.stat(self.directory))
+        self.dir_id = _identity(os.fstat(dir_fd))
         self.path = os.path.join(self.directory, os.fsdecode(SOCKET))
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a crashed server's; the lock says none is alive
-        old = os.umask(0o177)
-        try:
-            self.sock.bind(_address(self.path))
+            os.unlink(SOCKET, dir_fd=dir_fd)  # a crashed server's; the lock says none is alive
+        old = os.umask(0o177)  # mode 0600 from the start
+        try:  # through the descriptor: the checked directory, and no sun_path length limit
+            self.sock.bind(f"/proc/self/fd/{dir_fd}/{os.fsdecode(SOCKET)}")
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
-        self.sock_id = _identity(os.lstat(self.path))
+        self.sock_id = _identity(os.stat(SOCKET, dir_fd=dir_fd, follow_symlinks=False))
         self.sock.listen(128)
         self.sock.settimeout(_TICK)
 
@@ -112,7 +118,8 @@ class Server:
 
     def _still_bound(self) -> bool:
         try:
-            return _identity(os.lstat(self.path)) == self.sock_id
+            st = os.stat(SOCKET, dir_fd=self.dir_fd, follow_symlinks=False)
+            return _identity(st) == self.sock_id
         except OSError:
             return False
 
@@ -213,7 +220,7 @@ class Server:
         self.close_caches()
         if self._still_bound():
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+                os.unlink(SOCKET, dir_fd=self.dir_fd)
         self.sock.close()
 
 
@@ -238,14 +245,6 @@ def _send(conn: socket.socket, items: list[bytes]) -> None:
         conn.sendall(pack(items))
 
 
-def _address(path: str) -> str:
-    """``path``, or a short alias through ``/proc/self/fd`` when it is too long for sun_path."""
-    if len(os.fsencode(path)) <= 107:
-        return path
-    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{os.path.basename(path)}"  # fd stays open while we live
-
-
 def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
     """``KERNELCACHE_SERVER_IDLE`` seconds (default 600); a bad value gives the default."""
     try:
@@ -255,15 +254,10 @@ def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
     return value if value > 0 else DEFAULT_IDLE
 
 
-def _private(directory: str) -> bool:
-    # Stricter than the disk tier: not even root's, since a program runs from here.
-    return _fs.ownership_problem(os.lstat(directory), allow_root=False) is None
-
-
 def running(directory: str) -> tuple[int, float | None] | None:
     """``(pid, idle seconds)`` of the server holding ``directory``, or ``None`` if none runs."""
     try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -282,9 +276,13 @@ def running(directory: str) -> tuple[int, float | None] | None:
 def stop(directory: str, timeout: float = 10.0) -> bool:
     """Stop the server of ``directory`` (SIGTERM) and wait for it; ``False`` if none runs."""
     try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR)
+        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False  # a link where the lock belongs: no server of ours holds it
+        raise
     try:
         if _try_lock(fd):
             return False
@@ -314,29 +312,38 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kernelcache.nvcc.server CACHE_DIR", file=sys.stderr)
         return 2
-    directory = argv[0]
+    directory = os.path.abspath(argv[0])
     # Hold none of the starting client's descriptors (a build tool's pipes).
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
-        if not _private(directory):
-            print(f"kernelcache server: {directory} is not private to this user", file=sys.stderr)
-            return 1
-        lock = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        # Stricter than the disk tier: this user's own, not even root's, since
+        # a program runs from here. Nothing is written before this check.
+        dir_fd = _trust.open_dir(directory, allow_root=False)
+        if dir_fd is None:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", directory)
+        log = _trust.open_file(dir_fd, LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        lock = _trust.open_file(dir_fd, LOCK, os.O_RDWR | os.O_CREAT)
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(lock, 0)
         idle = idle_seconds(os.environ)
         os.write(lock, b"%d %r\n" % (os.getpid(), idle))  # for stop() and running()
+    except _trust.UntrustedDirectory as exc:
+        print(f"kernelcache server: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
             return 0  # another server holds the directory
         print(f"kernelcache server: {exc}", file=sys.stderr)
         return 1
-    server = Server(directory, idle)
+    server = Server(directory, dir_fd, idle)
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, os.fsdecode(STARTING)))
+        os.unlink(STARTING, dir_fd=dir_fd)
     build = None
     try:
         build = start_build(server.directory, os.environ)

@@ -12,7 +12,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from kernelcache import _fs
+from kernelcache import _trust
 
 if TYPE_CHECKING:
     from typing import Any
@@ -49,14 +49,18 @@ def count(
     """Add one to ``field`` (and ``detail``, and ``reasons[reason]``) in the stats file, under flock."""
     import fcntl
 
-    if settings.read_only or not _safe(settings.dir):
-        return  # read-only writes nothing into the (shared) directory, nor into a refused one
-    path = stats_path(settings)
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return  # statistics never fail a build (nor follow a link out of the cache)
+    if settings.read_only:
+        return  # read-only writes nothing into the (shared) directory
+    try:  # a refused directory gets nothing; a link is never followed out of it
+        dir_fd = _trust.open_dir(settings.dir, create=True)
+        if dir_fd is None:  # pragma: no cover - create=True makes it
+            return
+        try:
+            fd = _trust.open_file(dir_fd, STATS_FILE, os.O_RDWR | os.O_CREAT)
+        finally:
+            os.close(dir_fd)
+    except (OSError, _trust.UntrustedDirectory):
+        return  # statistics never fail a build
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, 1 << 20, 0)
@@ -89,13 +93,3 @@ def _add(
     if saved:
         data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
     return data
-
-
-def _safe(folder: str) -> bool:
-    """Whether the disk tier would use ``folder`` (see :func:`kernelcache._fs.ownership_problem`)."""
-    try:
-        return _fs.ownership_problem(os.stat(folder)) is None
-    except FileNotFoundError:
-        return True  # made private by whoever makes it
-    except OSError:
-        return False

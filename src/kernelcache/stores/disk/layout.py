@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import xxhash
 
-from kernelcache import _fs
+from kernelcache import _fs, _trust
 from kernelcache._fs import unique
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import is_valid_key
@@ -227,34 +227,23 @@ class Layout:
         """Raise :class:`UnsafeDirectory` unless the cache directory is safe to use.
 
         Creates it (0700) when ``create``; ``False`` when it does not exist.
-        The path may be a symlink the user chose: its target is checked.
+        The path may be a symlink the user chose: its target is checked, and
+        so are every ancestor and link on the way (:mod:`kernelcache._trust`).
         """
         try:
-            st = os.stat(self.root)
-        except FileNotFoundError:
-            if not create:
-                return False
-            # Private to the user: a shared cache directory lets others plant binaries.
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
-            st = os.stat(self.root)
-            try:
-                fd = os.open(
-                    f"{self.root}/CACHEDIR.TAG",
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                )
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(_CACHEDIR_TAG)
-        problem = _fs.ownership_problem(st)
-        if problem is not None:
+            created = create and not os.path.lexists(self.root)
+            fd = _trust.open_dir(self.root, create=create)
+        except _trust.UntrustedDirectory as exc:
             self.refused()
-            fix = "" if not stat.S_ISDIR(st.st_mode) else "`chmod go-w` it (as its owner) or "
-            raise UnsafeDirectory(
-                f"refusing cache directory {self.root}: {problem}; {fix}use another KERNELCACHE_DIR"
-            )
+            fix = "`chmod go-w` what others can write (as its owner) or use another KERNELCACHE_DIR"
+            raise UnsafeDirectory(f"refusing cache directory {exc}; {fix}") from None
+        if fd is None:
+            return False
+        try:
+            if created:  # a new cache directory says what it is (backup tools skip it)
+                _write_tag(fd)
+        finally:
+            os.close(fd)
         return True
 
     def ensure(self, create: bool) -> None:
@@ -331,6 +320,16 @@ class Layout:
         remove_tree(path)
         os.mkdir(path, 0o700)
         return True
+
+
+def _write_tag(dir_fd: int) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open("CACHEDIR.TAG", flags, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(_CACHEDIR_TAG)
 
 
 class _Folders(dict[str, int]):

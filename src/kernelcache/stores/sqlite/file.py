@@ -15,6 +15,7 @@ through ``fork`` is left alone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -22,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from kernelcache import _trust
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import Store
 from kernelcache.stores.lockfile import close_lock_fd, lock_within, open_lock_fd
@@ -96,10 +98,9 @@ class SQLiteFile(Store):
         return self._conn
 
     def _open(self) -> sqlite3.Connection | None:
+        _check_directory(os.path.dirname(self.path), create=not self.read_only)
         if self.read_only:
             return self._open_read_only()
-        parent = os.path.dirname(self.path)
-        os.makedirs(parent, mode=0o700, exist_ok=True)
         with _file_lock(self.path + ".lock", self.timeout):
             try:
                 conn = self._connect_checked()
@@ -282,3 +283,17 @@ def _file_lock(path: str, timeout: float) -> Iterator[None]:
         yield
     finally:
         close_lock_fd(fd)
+
+
+def _check_directory(folder: str, create: bool) -> None:
+    """Refuse a folder that someone else could change (:mod:`kernelcache._trust`); make it if asked.
+
+    Raised as ``PermissionError``: the store counts it and the Cache sees a
+    miss, as for any tier that cannot be used.
+    """
+    try:
+        fd = _trust.open_dir(folder, create=create)
+    except _trust.UntrustedDirectory as exc:
+        raise PermissionError(errno.EPERM, f"refusing {exc}") from None
+    if fd is not None:
+        os.close(fd)
