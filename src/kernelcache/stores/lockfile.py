@@ -94,9 +94,16 @@ class FileFlightLock:
     """
 
     def __init__(
-        self, path: str, on_error: Callable[[], None] | None = None, *, leases: bool = False
+        self,
+        path: str,
+        on_error: Callable[[], None] | None = None,
+        *,
+        leases: bool = False,
+        after_lease: Callable[[], None] | None = None,
     ) -> None:
         self.path = path
+        # Called once a lease is taken, before the caller looks for the entry (see DiskStore).
+        self._after_lease = after_lease
         self._leases = leases  # a network filesystem: flock may not span its clients
         self._on_error = on_error
         self._fd: int | None = None
@@ -144,6 +151,8 @@ class FileFlightLock:
         if not lease.acquire(timeout):
             return False
         self._lease = lease
+        if self._after_lease is not None:
+            self._after_lease()
         return True
 
     def _failed(self) -> None:

@@ -60,7 +60,8 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
             tally.add(size, 1)
             discard(tmp)
             return
-        old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+        # An empty file is no entry (a lookup's probe): not counted, so replacing it adds one.
+        old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
     grows = max(size - old, 0)
     tally.add(grows, new)
     try:

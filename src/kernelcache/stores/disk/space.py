@@ -169,7 +169,7 @@ class Space:
                 return
             try:
                 st = os.lstat(path)
-                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) else (0, 1)
+                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
             except FileNotFoundError:
                 old, new = 0, 1
             # Growth is counted before the rename and shrinkage after it: a crash
@@ -216,6 +216,31 @@ class Space:
         freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
+
+    def probe(self, key: str) -> None:
+        """Open ``key``'s entry with ``O_CREAT`` (see ``DiskStore._revalidate``): the server
+        answers, so a name this node saw absent is looked up afresh. The empty file made
+        when there is no entry is removed again at once. Under the lock: no recount or
+        publish ever sees it (it is never counted)."""
+        path = self.layout.entry_path(key)
+        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        with self.locked():
+            fd = os.open(path, flags, 0o600)
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if st.st_size:
+                return  # the entry: this node sees it now
+            trash = self.layout.trash()
+            try:
+                os.rename(path, trash)
+            except FileNotFoundError:
+                return
+            self._doomed.append(trash)
+            if os.lstat(trash).st_ino != st.st_ino:  # not ours after all: put back
+                with contextlib.suppress(FileExistsError):
+                    os.link(trash, path)
 
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""

@@ -12,6 +12,7 @@ handed to loaders :mod:`.files`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -153,6 +154,13 @@ class DiskStore(Store):
         try:
             if self.layout.check_root(create=writable):
                 self.layout.ensure(create=writable)
+                if writable and self.filesystem.network:
+                    # Every shard made now: a node that looked for one before another
+                    # node made it would go on seeing it absent for as long as the
+                    # client caches names (NFS lookupcache, FUSE), and miss.
+                    for shard in shards():
+                        with contextlib.suppress(StoreError):  # counted; made by a put later
+                            self._check_shard(shard, create=True)
         except UnsafeDirectory as exc:
             self.unusable = str(exc)
             import logging  # deferred: only a refused directory needs it
@@ -203,11 +211,28 @@ class DiskStore(Store):
         except OSError:
             self._count("errors")
             return None
+        network = self.filesystem.network
         return FileFlightLock(
             f"{folder}/{key}.lock",
             on_error=lambda: self._count("errors"),
-            leases=self.filesystem.network,
+            leases=network,
+            after_lease=functools.partial(self._revalidate, key) if network else None,
         )
+
+    def _revalidate(self, key: str) -> None:
+        """Make this node see ``key``'s entry if another node published it since our miss.
+
+        On NFS (``lookupcache``) and FUSE, the name's absence is cached from our
+        first miss for as long as attributes are: the lookup after the lock would
+        miss and compile again (a miss leads to a compile: these round trips are
+        nothing next to it). An ``open`` with ``O_CREAT`` is answered by the
+        server: it opens the entry if it is there; if not, the empty file it made
+        (never an entry: not counted) is removed again (:meth:`Space.probe`).
+        """
+        try:
+            self.space.probe(key)
+        except OSError:
+            self._count("errors")  # the lookup then misses, as it would have
 
     def stats(self) -> dict[str, Any]:
         """Counters, identity, and the filesystem the directory is on (``nfs4 (network)``)."""
@@ -281,7 +306,11 @@ class DiskStore(Store):
         corrupt: a short read (a network filesystem's) is not damage, and must not
         remove a good entry. ``(None, 0)`` (counted, removed) if it is damaged."""
         try:
-            return read_entry(fd, os.fstat(fd), key, self.files)
+            st = os.fstat(fd)
+            if st.st_size == 0 and self.filesystem.network:
+                self.counters.misses += 1  # another leader's lookup probe (_revalidate): no entry
+                return None, 0
+            return read_entry(fd, st, key, self.files)
         except CorruptEntry:
             self._corrupt(key, fd)
         except OSError:
