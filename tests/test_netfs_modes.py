@@ -32,7 +32,9 @@ def test_kernelcache_holds_on_a_network_filesystem(
     two_nodes: Callable[..., NetFS], mode: st.Mode
 ) -> None:
     fs = two_nodes(mode.flock, mode.faults)
-    result = st.stress(fs, "kernelcache", "cache", procs=4, ops=OPS, keys=KEYS, cap=CAP, timeout=120)
+    result = st.stress(
+        fs, "kernelcache", "cache", procs=4, ops=OPS, keys=KEYS, cap=CAP, timeout=120
+    )
     for node in fs.nodes:
         node.set(NO_FAULTS)
     status, damaged = st.verify(fs.nodes[0].path / "cache")
