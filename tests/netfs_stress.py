@@ -36,11 +36,6 @@ class Mode:
     #: Random faults: a process that meets one may compile on its own (liveness
     #: beats deduplication), so one compile per key is a target, not a promise.
     random: bool = False
-    #: This node may see another's entry only after the attribute cache expires
-    #: (a cached "no such file", as NFS's lookupcache=all keeps for acdirmin):
-    #: a process that takes the lock after the other node published may still
-    #: miss and compile again. One compile per key is a target there too.
-    lagging: bool = False
 
 
 MODES = (
@@ -53,7 +48,7 @@ MODES = (
     Mode("eio", "shared", Faults(eio_ppm=5000, eio_ops=_ERROR_OPS), "0.5 % of requests fail with EIO", random=True),
     Mode("ebusy", "shared", Faults(ebusy_open=True, ebusy_ppm=20000, ebusy_ops=_REMOVALS),
          "EBUSY on rename/unlink/rmdir of open files, and 2 % of the others (GPFS)", random=True),
-    Mode("attr-lag", "shared", Faults(attr_timeout_ms=1000), "attributes and names cached for 1 s (NFS actimeo)", lagging=True),
+    Mode("attr-lag", "shared", Faults(attr_timeout_ms=1000), "attributes and names cached for 1 s (NFS actimeo)"),
     Mode("latency", "shared", Faults(latency_us=2000), "2 ms per request"),
 )  # fmt: skip
 BY_NAME = {m.name: m for m in MODES}
