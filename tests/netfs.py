@@ -38,6 +38,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,7 +149,11 @@ def binary() -> Path:
     out = cache / f"netfs-{digest}"
     if out.exists():
         return out
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:  # a read-only home: build under the test run's temporary directory
+        cache = Path(tempfile.mkdtemp(prefix="kernelcache-netfs-"))
+        out = cache / f"netfs-{digest}"
     tmp = cache / f".netfs-{digest}.{os.getpid()}"
     cmd = [
         "cc",

@@ -121,7 +121,7 @@ def test_bench_netfs_smoke(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert {r["cache"] for r in result["stress"]} >= {"kernelcache"}
     ours = [r for r in result["cost"] if r["cache"] == "kernelcache"]
-    assert [r["attr_ms"] for r in ours] == [0, 1000]
+    assert [r["attr_ms"] for r in ours] == [0]
     assert all(r["hit_round_trips"] > 0 for r in ours)  # the mount counted the hit's requests
 
 

@@ -3,8 +3,9 @@
 Four processes on each node share keys in one disk tier whose cap forces
 eviction (tests/netfs_stress.py). In every mode: no wrong bytes, no exception
 reaches the caller, no process hangs, ``kernelcache verify`` is clean. Where
-the faults are not random: one compile per key across both nodes, the tier
-within its cap and holding most of it. The same figures for the issue's sizes,
+the faults are not random: the tier within its cap and holding most of it,
+and one compile per key across both nodes (under attribute caching too: a
+node's cached "no such file" must not hide the other node's entry). The same figures for the issue's sizes,
 and for Triton's and diskcache's caches: benchmarks/bench_netfs.py.
 """
 
@@ -31,7 +32,9 @@ def test_kernelcache_holds_on_a_network_filesystem(
     two_nodes: Callable[..., NetFS], mode: st.Mode
 ) -> None:
     fs = two_nodes(mode.flock, mode.faults)
-    result = st.stress(fs, "kernelcache", "cache", procs=4, ops=OPS, keys=KEYS, cap=CAP, timeout=90)
+    result = st.stress(
+        fs, "kernelcache", "cache", procs=4, ops=OPS, keys=KEYS, cap=CAP, timeout=120
+    )
     for node in fs.nodes:
         node.set(NO_FAULTS)
     status, damaged = st.verify(fs.nodes[0].path / "cache")
@@ -46,5 +49,6 @@ def test_kernelcache_holds_on_a_network_filesystem(
     assert result.calls == 8 * (KEYS + OPS), figures
     assert (status, damaged) == (0, []), figures
     if not mode.random:
-        assert result.max_per_key == 1, figures
         assert CAP // 2 <= stored <= CAP + SLACK, figures
+    if not mode.random:
+        assert result.max_per_key == 1, figures
