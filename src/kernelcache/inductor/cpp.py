@@ -1,0 +1,237 @@
+"""Inductor's C++ builds through kernelcache: kernels, precompiled headers, ISA probes.
+
+On CPU, torch.compile turns each graph into C++ kernels that g++ builds into
+``.so`` files, one ``CppBuilder.build()`` each, under ``TORCHINDUCTOR_CACHE_DIR``.
+An FX-graph hit (local or remote) holds only their source, so a second machine
+still runs g++ for every kernel, plus, before its first graph, the ISA probes
+(a small ``.so`` per vector ISA) and a precompiled header (~150 MB, ~9 s here).
+
+:func:`install` makes every build one kernelcache entry keyed by what it
+reads (:mod:`kernelcache.inductor.cpp_keys`): a hit writes the verified bytes
+where torch expects its output and runs no compiler; N processes or machines
+that miss the same build at once compile it once (:meth:`Cache.claim`). The
+precompiled header becomes lazy: torch asks for it before every new kernel,
+but it only speeds up a compile, so it is built (itself through the cache)
+only when a build actually misses.
+
+What still runs on a machine, each once per process: ``g++ -v`` for what
+``-march=native`` means here (~15 ms), one ``g++ -E -fdirectives-only`` per
+distinct flag set (~0.1-0.3 s: it is the header part of the key), and each
+ISA probe's ``dlopen`` in a child process (whether this CPU runs the code).
+
+torch has no seam for builds, so the hooks replace two names (the table
+below, read from the torch versions in :data:`SUPPORTED_VERSIONS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from kernelcache import _fs
+from kernelcache.cache import Cache
+from kernelcache.entry import Entry
+from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
+from kernelcache.patching import Patches
+
+__all__ = ["SUPPORTED_VERSIONS", "install", "stats"]
+
+#: torch versions whose builder internals the hooks were read from.
+SUPPORTED_VERSIONS = ("2.13.0",)
+
+# The seams, all read from torch 2.13.0:
+# torch._inductor.cpp_builder.CppBuilder.build: runs one compiler command. Its
+#   private fields (_sources_args, _include_dirs_args, _definitions_args,
+#   _cflags_args, _passthrough_parameters_args, _precompiling, _compile_only,
+#   _preprocessing, _use_relative_path) describe the build (cpp_keys.Build).
+# torch._inductor.codecache._precompile_header: preprocesses and precompiles a
+#   header, returns the path to pass with -include.
+BUILD = "build"
+PRECOMPILE = "_precompile_header"
+HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
+# CppBuilder fields: "-include" and the rest of the include arguments; whether
+# the build is one of fbcode's remote builds; whether it only preprocesses.
+INCLUDES, REMOTE, PREPROCESSING = "_include_dirs_args", "_use_relative_path", "_preprocessing"
+
+#: The one artifact of an entry: the build's output file.
+ARTIFACT = "output"
+#: Set to 1 to run kernels from an unsigned team tier (no ``KERNELCACHE_SECRET``).
+OPT_IN = "KERNELCACHE_INDUCTOR_UNSIGNED"
+COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred")
+
+
+class Counters:
+    """Events of the C++ build hooks in this process (:func:`stats`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values = dict.fromkeys(COUNTERS, 0)
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self.values[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+
+counters = Counters()
+_scans = HeaderScans()
+
+
+def stats() -> dict[str, int]:
+    """This process's build hits, misses, compiles, uncached builds, header scans."""
+    return {**counters.snapshot(), "header_scans": _scans.runs}
+
+
+_views: weakref.WeakKeyDictionary[Cache, Cache] = weakref.WeakKeyDictionary()
+_views_lock = threading.Lock()
+
+
+def runnable(cache: Cache) -> Cache:
+    """``cache`` without a team tier whose entries nobody signed, unless the user opts in.
+
+    A ``.so`` is code: from a Redis tier without ``KERNELCACHE_SECRET``, anyone
+    who can write to that server would run code in every process that loads it.
+    The local tiers stay (the disk tier refuses directories others may write).
+    """
+    with _views_lock:
+        view = _views.get(cache)
+        if view is None:
+            unsigned = [t for t in cache.tiers if getattr(t, "secret", b"") is None]
+            if not unsigned or os.environ.get(OPT_IN) == "1":
+                view = cache
+            else:
+                warnings.warn(
+                    f"kernelcache.inductor: no KERNELCACHE_SECRET, so C++ kernels neither come "
+                    f"from nor go to the team tier (set {OPT_IN}=1 to trust it unsigned)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                tiers = [t for t in cache.tiers if t not in unsigned]
+                view = Cache(tiers, settings=cache.settings, persist_stats=False)
+            _views[cache] = view
+        return view
+
+
+class LazyHeaders:
+    """``_precompile_header`` that hands out a header path now and builds its PCH on need.
+
+    The path names a small file holding ``#include <header>``: without a
+    ``.gch`` beside it, g++ reads the header itself (same code, slower).
+    :meth:`materialize` swaps in torch's real precompiled header before a
+    build that has to compile.
+    """
+
+    def __init__(self, original: Callable[..., str], header_dir: str) -> None:
+        self.original = original
+        self.header_dir = header_dir
+        self._lock = threading.Lock()
+        self._deferred: dict[str, tuple[str, str, dict[str, Any]]] = {}
+
+    def __call__(self, header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+        text = f"#include <{header}>\n"
+        name = hashlib.sha256(f"{text}\0{hashable_cmd_line}".encode()).hexdigest()[:40]
+        path = os.path.join(self.header_dir, f"kc-{name}.h")
+        with self._lock:
+            if path not in self._deferred:
+                os.makedirs(self.header_dir, exist_ok=True)
+                if not _fs.holds(path, text.encode(), {}):
+                    _fs.write_atomic(path, text.encode(), mode=0o644)
+                self._deferred[path] = (header, hashable_cmd_line, compile_command)
+                counters.count("pch_deferred")
+        return path
+
+    def materialize(self, builder: Any) -> None:
+        """Point ``builder``'s ``-include`` at torch's real precompiled header, built now."""
+        for path, (header, cmd, command) in self._pending(getattr(builder, INCLUDES)):
+            real = self.original(header, cmd, **command)  # functools.cache'd by torch
+            args = getattr(builder, INCLUDES).replace(f"-include {path} ", f"-include {real} ")
+            setattr(builder, INCLUDES, args)
+
+    def _pending(self, include_args: str) -> list[tuple[str, tuple[str, str, dict[str, Any]]]]:
+        with self._lock:
+            return [(p, d) for p, d in self._deferred.items() if f"-include {p} " in include_args]
+
+
+class BuildHook:
+    """``CppBuilder.build`` through the cache: a hit writes the output, a miss compiles once."""
+
+    def __init__(
+        self,
+        original: Callable[[Any], None],
+        get_cache: Callable[[], Cache],
+        headers: LazyHeaders,
+        torch_version: str,
+    ) -> None:
+        self.original = original
+        self.get_cache = get_cache
+        self.headers = headers
+        self.torch_version = torch_version
+
+    def __call__(self, builder: Any) -> None:
+        if getattr(builder, REMOTE) or getattr(builder, PREPROCESSING):
+            # fbcode's remote builds; torch's own preprocessing for a PCH key.
+            self.original(builder)
+            return
+        build = Build.of(builder)
+        try:
+            key = build_key(build, _scans, self.torch_version)
+        except Uncacheable:
+            counters.count("uncached")
+            self._compile(builder, build)
+            return
+        cache = runnable(self.get_cache())
+        entry = cache.get(key)
+        if entry is None:
+            counters.count("misses")
+            with cache.claim(key) as claim:
+                entry = claim.entry
+                if entry is None:
+                    claim.compile(lambda: self._compile(builder, build))
+                    counters.count("compiles")
+                    return
+        counters.count("hits")
+        self._place(entry, build.target)
+
+    def _compile(self, builder: Any, build: Build) -> Entry:
+        self.headers.materialize(builder)
+        self.original(builder)
+        with open(build.target, "rb") as f:
+            data = f.read()
+        return Entry({ARTIFACT: data}, meta={"kind": build.kind})
+
+    @staticmethod
+    def _place(entry: Entry, target: str) -> None:
+        """Write the entry's verified bytes where torch loads its output from."""
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        _fs.write_atomic(target, entry[ARTIFACT], mode=0o755)
+
+
+def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
+    """Route Inductor's C++ builds through ``get_cache()``; every change goes into ``patches``.
+
+    ``get_cache`` is called per build, so a later install with another cache
+    needs no re-patching. For torch versions outside :data:`SUPPORTED_VERSIONS`
+    nothing is patched (the caller warns).
+    """
+    import torch
+    from torch._inductor import codecache, cpp_builder
+
+    version = str(torch.__version__).split("+", 1)[0]
+    if version not in SUPPORTED_VERSIONS:
+        return
+    headers = LazyHeaders(getattr(codecache, PRECOMPILE), getattr(codecache, HEADER_DIR))
+    hook = BuildHook(getattr(cpp_builder.CppBuilder, BUILD), get_cache, headers, version)
+
+    def build(builder: Any) -> None:
+        hook(builder)
+
+    patches.set(codecache, PRECOMPILE, headers)
+    patches.set(cpp_builder.CppBuilder, BUILD, build)
