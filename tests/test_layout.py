@@ -60,6 +60,7 @@ INTEGRATIONS = (
     "kernelcache.tilelang.*",
     "kernelcache.ninetoothed",
     "kernelcache.ninetoothed.*",
+    "kernelcache.inductor.*",
     "kernelcache.autotune",
     "kernelcache.memoize",
     "kernelcache.cli",
