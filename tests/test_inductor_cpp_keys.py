@@ -45,6 +45,8 @@ def _builder(where: Path, source: str, *, flags: str = "-O3 -march=native", inc:
         _passthrough_parameters_args="",
         _precompiling=False,
         _compile_only=False,
+        _preprocessing=False,
+        _use_relative_path=False,
         target=where / "k.so",
     )
 
@@ -130,3 +132,24 @@ def test_an_unsigned_team_tier_is_not_used_for_code(monkeypatch: pytest.MonkeyPa
     signed = Cache([memory, RedisStore("redis://127.0.0.1:1/0", secret="s")], persist_stats=False)
     monkeypatch.delenv(cpp.OPT_IN)
     assert cpp.runnable(signed) is signed
+
+
+def test_force_disable_caches_compiles_without_the_cache(
+    tmp_path: Path, inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor import config
+
+    monkeypatch.setattr(config, "force_disable_caches", True)
+    calls: list[Any] = []
+
+    def compile_it(builder: Any) -> None:
+        calls.append(builder)
+        Path(builder.target).write_bytes(b"\x7fELF")
+
+    headers = cpp.LazyHeaders(lambda *a, **k: "", str(tmp_path / "h"))
+    hook = cpp.BuildHook(compile_it, lambda: pytest.fail("the cache was asked"), headers, "2.13.0")
+    builder = _builder(tmp_path / "a", SOURCE, inc=inc)
+    before = cpp.stats()["uncached"]
+    hook(builder)
+    assert calls == [builder]
+    assert cpp.stats()["uncached"] == before + 1

@@ -180,6 +180,10 @@ class BuildHook:
             # fbcode's remote builds; torch's own preprocessing for a PCH key.
             self.original(builder)
             return
+        if self.caches_disabled():  # TORCHINDUCTOR_FORCE_DISABLE_CACHES keeps its meaning
+            counters.count("uncached")
+            self._compile(builder, Build.of(builder))
+            return
         build = Build.of(builder)
         try:
             key = build_key(build, _scans, self.torch_version)
@@ -199,6 +203,12 @@ class BuildHook:
                     return
         counters.count("hits")
         self._place(entry, build.target)
+
+    @staticmethod
+    def caches_disabled() -> bool:
+        from torch._inductor import config
+
+        return bool(config.force_disable_caches)
 
     def _compile(self, builder: Any, build: Build) -> Entry:
         self.headers.materialize(builder)
