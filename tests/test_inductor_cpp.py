@@ -40,7 +40,10 @@ def _machine(tmp: Path, name: str, shared: Path, wrapper: Path) -> tuple[dict[st
     log = home / "g++.log"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]),
+        # An inherited PYTHONPATH first: checking this test against another tree works.
+        "PYTHONPATH": os.pathsep.join(
+            [p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "src"), str(ROOT / "tests")) if p]
+        ),
         "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
         "TMPDIR": str(home / "tmp"),
         "KERNELCACHE_DIR": str(home / "kc-local"),  # the toolchain memo: per machine

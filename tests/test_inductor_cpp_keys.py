@@ -115,23 +115,27 @@ def test_install_and_restore_put_torch_back_exactly() -> None:
     assert (cpp_builder.CppBuilder.__dict__["build"], vars(codecache)[cpp.PRECOMPILE]) == before
 
 
-def test_an_unsigned_team_tier_is_not_used_for_code(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_code_skips_memory_and_an_unsigned_team_tier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelcache.stores.disk import DiskStore
     from kernelcache.stores.redis import RedisStore
 
-    memory, team = MemoryStore(), RedisStore("redis://127.0.0.1:1/0")
-    cache = Cache([memory, team], persist_stats=False)
+    def tiers(secret: str | None) -> list[Any]:
+        team = RedisStore("redis://127.0.0.1:1/0", secret=secret)
+        return [MemoryStore(), DiskStore(str(tmp_path / "d")), team]
+
     monkeypatch.delenv(cpp.OPT_IN, raising=False)
+    unsigned = tiers(None)
     with pytest.warns(RuntimeWarning, match="KERNELCACHE_SECRET"):
-        view = cpp.runnable(cache)
-    assert view.tiers == [memory]
-    opted = Cache([memory, team], persist_stats=False)
-    monkeypatch.setenv(cpp.OPT_IN, "1")
+        assert cpp.runnable(Cache(unsigned, persist_stats=False)).tiers == unsigned[1:2]
+    signed = tiers("s")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cpp.runnable(opted) is opted
-    signed = Cache([memory, RedisStore("redis://127.0.0.1:1/0", secret="s")], persist_stats=False)
-    monkeypatch.delenv(cpp.OPT_IN)
-    assert cpp.runnable(signed) is signed
+        assert cpp.runnable(Cache(signed, persist_stats=False)).tiers == signed[1:]
+        monkeypatch.setenv(cpp.OPT_IN, "1")
+        opted = tiers(None)
+        assert cpp.runnable(Cache(opted, persist_stats=False)).tiers == opted[1:]
 
 
 def test_force_disable_caches_compiles_without_the_cache(

@@ -38,6 +38,7 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
 from kernelcache.patching import Patches
+from kernelcache.stores.memory import MemoryStore
 
 __all__ = ["SUPPORTED_VERSIONS", "install", "stats"]
 
@@ -95,27 +96,30 @@ _views_lock = threading.Lock()
 
 
 def runnable(cache: Cache) -> Cache:
-    """``cache`` without a team tier whose entries nobody signed, unless the user opts in.
+    """The tiers of ``cache`` that C++ builds use: no memory tier, no unsigned team tier.
 
     A ``.so`` is code: from a Redis tier without ``KERNELCACHE_SECRET``, anyone
-    who can write to that server would run code in every process that loads it.
-    The local tiers stay (the disk tier refuses directories others may write).
+    who can write to that server would run code in every process that loads
+    it, so that tier is left out unless the user opts in (:data:`OPT_IN`). The
+    local tiers stay (the disk tier refuses directories others may write). The
+    memory tier is left out too: torch keeps each loaded library for the
+    process, so it would only hold bytes (a precompiled header is ~150 MB).
     """
     with _views_lock:
         view = _views.get(cache)
         if view is None:
             unsigned = [t for t in cache.tiers if getattr(t, "secret", b"") is None]
-            if not unsigned or os.environ.get(OPT_IN) == "1":
-                view = cache
-            else:
+            if unsigned and os.environ.get(OPT_IN) != "1":
                 warnings.warn(
                     f"kernelcache.inductor: no KERNELCACHE_SECRET, so C++ kernels neither come "
                     f"from nor go to the team tier (set {OPT_IN}=1 to trust it unsigned)",
                     RuntimeWarning,
                     stacklevel=4,
                 )
-                tiers = [t for t in cache.tiers if t not in unsigned]
-                view = Cache(tiers, settings=cache.settings, persist_stats=False)
+            else:
+                unsigned = []
+            tiers = [t for t in cache.tiers if t not in unsigned and not isinstance(t, MemoryStore)]
+            view = Cache(tiers, settings=cache.settings)
             _views[cache] = view
         return view
 
