@@ -9,10 +9,13 @@ still runs g++ for every kernel, plus, before its first graph, the ISA probes
 :func:`install` makes every build one kernelcache entry keyed by what it
 reads (:mod:`kernelcache.inductor.cpp_keys`): a hit writes the verified bytes
 where torch expects its output and runs no compiler; N processes or machines
-that miss the same build at once compile it once (:meth:`Cache.claim`). The
-precompiled header becomes lazy: torch asks for it before every new kernel,
-but it only speeds up a compile, so it is built (itself through the cache)
-only when a build actually misses.
+that miss the same build at once compile it once (:meth:`Cache.claim`).
+
+The precompiled header becomes lazy and is not stored: torch asks for it
+before every new kernel, but it only speeds up a compile, so it is built only
+when a build actually misses. Stored, it would be ~150 MB per flag set in
+every tier, and ~1 s more on every cold machine to store it, for the benefit
+of machines that miss a kernel anyway (which then pay torch's ~9 s).
 
 What still runs on a machine, each once per process: ``g++ -v`` for what
 ``-march=native`` means here (~15 ms), one ``g++ -E -fdirectives-only`` per
@@ -58,12 +61,13 @@ HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
 # CppBuilder fields: "-include" and the rest of the include arguments; whether
 # the build is one of fbcode's remote builds; whether it only preprocesses.
 INCLUDES, REMOTE, PREPROCESSING = "_include_dirs_args", "_use_relative_path", "_preprocessing"
+PRECOMPILING = "_precompiling"  # the build makes a precompiled header
 
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
 #: Set to 1 to run kernels from an unsigned team tier (no ``KERNELCACHE_SECRET``).
 OPT_IN = "KERNELCACHE_INDUCTOR_UNSIGNED"
-COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred")
+COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built")
 
 
 class Counters:
@@ -103,7 +107,7 @@ def runnable(cache: Cache) -> Cache:
     it, so that tier is left out unless the user opts in (:data:`OPT_IN`). The
     local tiers stay (the disk tier refuses directories others may write). The
     memory tier is left out too: torch keeps each loaded library for the
-    process, so it would only hold bytes (a precompiled header is ~150 MB).
+    process, so it would only hold bytes.
     """
     with _views_lock:
         view = _views.get(cache)
@@ -182,6 +186,10 @@ class BuildHook:
     def __call__(self, builder: Any) -> None:
         if getattr(builder, REMOTE) or getattr(builder, PREPROCESSING):
             # fbcode's remote builds; torch's own preprocessing for a PCH key.
+            self.original(builder)
+            return
+        if getattr(builder, PRECOMPILING):  # only ever built for a miss (LazyHeaders)
+            counters.count("pch_built")
             self.original(builder)
             return
         if self.caches_disabled():  # TORCHINDUCTOR_FORCE_DISABLE_CACHES keeps its meaning
