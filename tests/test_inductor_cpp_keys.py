@@ -12,9 +12,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kernelcache import Cache
+from kernelcache import Cache, _fs
 from kernelcache.inductor import cpp
 from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key, directives
+from kernelcache.inductor.headers import dependencies
 from kernelcache.patching import Patches
 from kernelcache.stores.memory import MemoryStore
 
@@ -157,3 +158,31 @@ def test_force_disable_caches_compiles_without_the_cache(
     hook(builder)
     assert calls == [builder]
     assert cpp.stats()["uncached"] == before + 1
+
+
+def test_header_scans_are_remembered_until_a_header_changes(
+    inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # stats may vouch for files just written
+    header = inc / "h.h"
+    records: dict[str, bytes] = {}
+    memo = (records.get, records.__setitem__)
+    gxx = str(shutil.which("g++"))
+    text = '#include "h.h"\n'
+
+    def scan() -> tuple[str, int]:
+        scans = HeaderScans()  # a new process: nothing remembered in memory
+        return scans.digest(gxx, "g++ identity", [f"-I{inc}"], text, memo), scans.runs
+
+    first, runs = scan()
+    assert (runs, len(records)) == (1, 1)
+    assert scan() == (first, 0)
+    header.write_text("#define H 22\n")  # another size: a new signature at any clock
+    changed, runs = scan()
+    assert runs == 1
+    assert changed != first
+
+
+def test_dependencies_of_a_make_rule() -> None:
+    rule = "scan: /a/b.h \\\n /c/with\\ space.h -\n"
+    assert dependencies(rule) == ["/a/b.h", "/c/with space.h"]

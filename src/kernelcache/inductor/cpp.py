@@ -17,10 +17,11 @@ when a build actually misses. Stored, it would be ~150 MB per flag set in
 every tier, and ~1 s more on every cold machine to store it, for the benefit
 of machines that miss a kernel anyway (which then pay torch's ~9 s).
 
-What still runs on a machine, each once per process: ``g++ -v`` for what
-``-march=native`` means here (~15 ms), one ``g++ -E -fdirectives-only`` per
-distinct flag set (~0.1-0.3 s: it is the header part of the key), and each
-ISA probe's ``dlopen`` in a child process (whether this CPU runs the code).
+What still runs: once per process, ``g++ -v`` for what ``-march=native``
+means here (~15 ms) and each ISA probe's ``dlopen`` in a child Python
+(whether this CPU runs the code); once per machine and boot, one ``g++ -E
+-fdirectives-only`` per distinct flag set (~0.1-0.3 s: the header part of the
+key, then remembered by the headers' stats: :mod:`kernelcache.inductor.headers`).
 
 torch has no seam for builds, so the hooks replace two names (the table
 below, read from the torch versions in :data:`SUPPORTED_VERSIONS`).
@@ -40,8 +41,11 @@ from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
+from kernelcache.inductor.headers import Load, Save
 from kernelcache.patching import Patches
+from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
+from kernelcache.stores.sqlite import SQLiteStore
 
 __all__ = ["SUPPORTED_VERSIONS", "install", "stats"]
 
@@ -65,6 +69,7 @@ PRECOMPILING = "_precompiling"  # the build makes a precompiled header
 
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
+MEMO = "headers.json"  # the one artifact of a header-scan memo
 #: Set to 1 to run kernels from an unsigned team tier (no ``KERNELCACHE_SECRET``).
 OPT_IN = "KERNELCACHE_INDUCTOR_UNSIGNED"
 COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built")
@@ -95,7 +100,7 @@ def stats() -> dict[str, int]:
     return {**counters.snapshot(), "header_scans": _scans.runs}
 
 
-_views: weakref.WeakKeyDictionary[Cache, Cache] = weakref.WeakKeyDictionary()
+_views: weakref.WeakKeyDictionary[Cache, tuple[Cache, Cache]] = weakref.WeakKeyDictionary()
 _views_lock = threading.Lock()
 
 
@@ -109,23 +114,50 @@ def runnable(cache: Cache) -> Cache:
     memory tier is left out too: torch keeps each loaded library for the
     process, so it would only hold bytes.
     """
+    return _views_of(cache)[0]
+
+
+def local(cache: Cache) -> Cache:
+    """The local tiers of ``cache`` (disk or SQLite): where header-scan memos live."""
+    return _views_of(cache)[1]
+
+
+def _views_of(cache: Cache) -> tuple[Cache, Cache]:
     with _views_lock:
-        view = _views.get(cache)
-        if view is None:
+        views = _views.get(cache)
+        if views is None:
             unsigned = [t for t in cache.tiers if getattr(t, "secret", b"") is None]
             if unsigned and os.environ.get(OPT_IN) != "1":
                 warnings.warn(
                     f"kernelcache.inductor: no KERNELCACHE_SECRET, so C++ kernels neither come "
                     f"from nor go to the team tier (set {OPT_IN}=1 to trust it unsigned)",
                     RuntimeWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
             else:
                 unsigned = []
-            tiers = [t for t in cache.tiers if t not in unsigned and not isinstance(t, MemoryStore)]
-            view = Cache(tiers, settings=cache.settings)
-            _views[cache] = view
-        return view
+            code = [t for t in cache.tiers if t not in unsigned and not isinstance(t, MemoryStore)]
+            disks = [t for t in cache.tiers if isinstance(t, (DiskStore, SQLiteStore))]
+            views = (
+                Cache(code, settings=cache.settings),
+                Cache(disks, settings=cache.settings, persist_stats=False),
+            )
+            _views[cache] = views
+        return views
+
+
+def _memo(cache: Cache) -> tuple[Load, Save]:
+    """Header-scan memos in the local tiers (machine-local records: see headers.py)."""
+    tiers = local(cache)
+
+    def load(key: str) -> bytes | None:
+        entry = tiers.get(key)
+        return entry[MEMO] if entry is not None and MEMO in entry else None
+
+    def save(key: str, record: bytes) -> None:
+        tiers.put(key, Entry({MEMO: record}, meta={"kind": "header-scan"}))
+
+    return load, save
 
 
 class LazyHeaders:
@@ -197,13 +229,14 @@ class BuildHook:
             self._compile(builder, Build.of(builder))
             return
         build = Build.of(builder)
+        whole = self.get_cache()
         try:
-            key = build_key(build, _scans, self.torch_version)
+            key = build_key(build, _scans, self.torch_version, _memo(whole))
         except Uncacheable:
             counters.count("uncached")
             self._compile(builder, build)
             return
-        cache = runnable(self.get_cache())
+        cache = runnable(whole)
         entry = cache.get(key)
         if entry is None:
             counters.count("misses")

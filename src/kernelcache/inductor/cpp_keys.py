@@ -14,8 +14,8 @@ decides its bytes, never where it ran:
   it, so the same command gives other code on another CPU;
 - the headers: the source's preprocessor directives, preprocessed with the
   same flags (``-E -fdirectives-only``, ~0.1 s for ``cpp_prefix.h``): every
-  header the compile can reach, by any spelling, is in that text. Memoised in
-  the process per (compiler, flags, directives): all kernels of a model share one.
+  header the compile can reach, by any spelling, is in that text
+  (:mod:`kernelcache.inductor.headers`; all kernels of a model share one).
 
 What cannot be keyed this way (the preprocessor fails, a source is not
 readable) raises :class:`Uncacheable`, and the build runs uncached.
@@ -30,18 +30,17 @@ import re
 import shlex
 import shutil
 import subprocess
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 from kernelcache import toolchain
+from kernelcache.inductor.headers import HeaderScans, Load, Save, Uncacheable
 from kernelcache.keys import KeyBuilder
 
-__all__ = ["Build", "Uncacheable", "build_key", "directives", "native_flags"]
+__all__ = ["Build", "HeaderScans", "Uncacheable", "build_key", "directives", "native_flags"]
 
 NAMESPACE = "kernelcache.inductor.cpp"
 SCHEMA = 1
-_PREPROCESS_TIMEOUT = 300.0
 
 # A directive: '#' or the '%:' digraph first on a line, after blanks and block comments.
 _DIRECTIVE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)")
@@ -55,10 +54,6 @@ PRECOMPILING, COMPILE_ONLY = "_precompiling", "_compile_only"
 
 def _args(builder: Any, field: str) -> list[str]:
     return shlex.split(getattr(builder, field))
-
-
-class Uncacheable(Exception):
-    """This build cannot be keyed soundly; it runs as torch would, uncached."""
 
 
 @dataclass(frozen=True)
@@ -167,47 +162,6 @@ def native_flags(compiler: str) -> str:
     return f"rc={proc.returncode}\n{text}"
 
 
-class HeaderScans:
-    """Digests of preprocessed directives, memoised per (compiler, flags, directives)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._memo: dict[tuple[str, tuple[str, ...], str], str] = {}
-        self._busy: dict[tuple[str, tuple[str, ...], str], threading.Lock] = {}
-        self.runs = 0
-
-    def digest(self, compiler: str, flags: list[str], text: str) -> str:
-        memo_key = (compiler, tuple(flags), text)
-        with self._lock:
-            if memo_key in self._memo:
-                return self._memo[memo_key]
-            busy = self._busy.setdefault(memo_key, threading.Lock())
-        with busy:  # threads compiling kernels of one model wait for one scan
-            with self._lock:
-                if memo_key in self._memo:
-                    return self._memo[memo_key]
-            found = self._scan(compiler, flags, text)
-            with self._lock:
-                self._memo[memo_key] = found
-                self.runs += 1
-            return found
-
-    @staticmethod
-    def _scan(compiler: str, flags: list[str], text: str) -> str:
-        cmd = [compiler, "-x", "c++", *flags, "-E", "-P", "-fdirectives-only", "-", "-o", "-"]
-        try:
-            proc = subprocess.run(
-                cmd, input=text.encode(), capture_output=True,
-                timeout=_PREPROCESS_TIMEOUT, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise Uncacheable(f"preprocessing the headers failed: {exc}") from exc
-        if proc.returncode != 0:
-            err = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
-            raise Uncacheable(f"preprocessing the headers failed: {err}")
-        return hashlib.sha256(proc.stdout).hexdigest()
-
-
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -216,7 +170,9 @@ def _read(path: str) -> bytes:
         raise Uncacheable(f"cannot read {path}: {exc}") from exc
 
 
-def build_key(build: Build, scans: HeaderScans, torch_version: str) -> str:
+def build_key(
+    build: Build, scans: HeaderScans, torch_version: str, memo: tuple[Load, Save] | None = None
+) -> str:
     """The kernelcache key of ``build`` (see the module docstring for its fields)."""
     compiler = resolve(build.compiler)
     identity = toolchain.executable(compiler)
@@ -236,5 +192,5 @@ def build_key(build: Build, scans: HeaderScans, torch_version: str) -> str:
     else:
         text = directives(include.decode("utf-8", "replace"))
         text += "".join(directives(s.decode("utf-8", "replace")) for s in sources)
-        headers = scans.digest(compiler, build.preprocess_flags, text)
+        headers = scans.digest(compiler, identity, build.preprocess_flags, text, memo)
     return key.add("headers", headers).hexdigest()
