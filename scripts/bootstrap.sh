@@ -22,6 +22,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__i
     if missing torch; then
         .venv/bin/python -m pip install -q "torch==2.13.0"
     fi
-    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed]"
+    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed,inductor]"
     touch "$stamp"
 fi

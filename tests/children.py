@@ -42,3 +42,15 @@ def wait_for(path: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} never appeared")
         time.sleep(0.01)
+
+
+def release(go: Path, procs: list[subprocess.Popen[str]]) -> None:
+    """In the parent: once every child said it is ready, let them all go (create ``go``)."""
+    deadline = time.monotonic() + 300
+    while len(list(go.parent.glob(f"{go.name}.ready.*"))) < len(procs):
+        assert time.monotonic() < deadline, "children never got ready"
+        assert all(p.poll() is None for p in procs), [
+            finish(p) for p in procs if p.poll() is not None
+        ]
+        time.sleep(0.05)
+    go.touch()

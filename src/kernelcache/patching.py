@@ -11,7 +11,9 @@ the object's own ``__dict__``) is deleted again, not set to the inherited value.
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Patches"]
@@ -27,7 +29,7 @@ class Patches:
     """
 
     def __init__(self) -> None:
-        # (object, name, what the object itself held or _ABSENT)
+        # (object, name, what the object itself held or _ABSENT), or (undo, "", None)
         self._saved: list[tuple[Any, str, Any]] = []
         self._lock = threading.Lock()
 
@@ -39,12 +41,33 @@ class Patches:
                 self._saved.append((obj, name, own))
         setattr(obj, name, value)
 
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        """Call ``undo()`` in :meth:`restore`, in its place among the patches (for state that
+        is not a plain attribute: torch's config entries, derived objects)."""
+        with self._lock:
+            self._saved.append((undo, "", None))
+
+    def setenv(self, name: str, value: str) -> None:
+        """``os.environ[name] = value``; :meth:`restore` puts back the value or the absence."""
+        before = os.environ.get(name)
+
+        def undo() -> None:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+        self.on_restore(undo)
+        os.environ[name] = value
+
     def restore(self) -> None:
         """Undo every patch, newest first."""
         with self._lock:
             saved, self._saved = self._saved, []
         for obj, name, own in reversed(saved):
-            if own is _ABSENT:
+            if not name:
+                obj()
+            elif own is _ABSENT:
                 delattr(obj, name)
             else:
                 setattr(obj, name, own)

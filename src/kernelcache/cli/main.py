@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", type=_age, metavar="AGE", help="only entries used within AGE")
     p = command("import", "add every entry of a bundle file (all or nothing)")
     p.add_argument("file")
+    p.add_argument(
+        "--inductor",
+        action="store_true",
+        help="FILE is a torch.compiler.save_cache_artifacts() blob: store its FX graph and "
+        "AOTAutograd entries for kernelcache.inductor",
+    )
     p = command("config", "effective settings and where each came from")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("demo", help="run the demonstration (arguments are passed on)")

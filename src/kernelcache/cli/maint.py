@@ -157,6 +157,8 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings, write=True) as cache:
         if not _writable(cache.tiers):
             raise ConfigError("no writable tier to import into (read-only settings?)")
+        if args.inductor:
+            return _import_inductor(args.file, cache)
         progress = Progress("import", 0)
         try:
             # "-" reads standard input: a bundle can arrive through a pipe.
@@ -177,4 +179,21 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"imported {result.added} entries from {args.file} ({result.present} were already present)"
     )
+    return 0
+
+
+def _import_inductor(file: str, cache: Cache) -> int:
+    try:
+        from kernelcache.inductor.megacache import publish_artifacts
+    except ModuleNotFoundError as exc:
+        print(f"kernelcache: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with open(sys.stdin.fileno() if file == "-" else file, "rb", closefd=file != "-") as f:
+            counts = publish_artifacts(f.read(), cache)
+    except (ValueError, OSError, StoreError) as exc:
+        print(f"kernelcache: error: {file}: {exc}", file=sys.stderr)
+        return 1
+    shown = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing"
+    print(f"imported torch.compile artifacts from {file}: {shown}")
     return 0

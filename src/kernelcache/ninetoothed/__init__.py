@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
-import threading
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +41,7 @@ except ModuleNotFoundError as exc:
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
+from kernelcache.integration import Integration
 from kernelcache.ninetoothed import source
 from kernelcache.ninetoothed.autotune import TunerHooks
 from kernelcache.ninetoothed.handles import MakeMemo
@@ -74,87 +72,13 @@ GET_TIMINGS = "_get_timings"  # ninetoothed.auto_tuner.AutoTuner
 COUNTERS = ("make_hits", "make_misses", "output_hits", "output_compiles", "autotune_runs")
 
 
-class _State:
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.patches = Patches()
-        self.cache: Cache | None = None
-        self.records: AutotuneCache | None = None
-        self.device: Any = None
-        self.bench: Callable[[Callable[[], Any]], float] | None = None
-        self.memo: MakeMemo | None = None
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self.env_before: str | None = None
-
-    def count(self, name: str) -> None:
-        with self.lock:
-            self.counters[name] += 1
-
-    def get_cache(self) -> Cache:
-        with self.lock:
-            if self.cache is None:
-                self.cache = Cache()
-            return self.cache
-
-    def get_records(self) -> AutotuneCache:
-        from kernelcache import toolchain
-
-        with self.lock:
-            if self.records is None:
-                self.records = AutotuneCache(
-                    self.get_cache(),
-                    toolchain={"ninetoothed": _ninetoothed_version(), "triton": toolchain.triton()},
-                )
-            return self.records
-
-    def get_device(self) -> Any:
-        return self.device if self.device is not None else current_device()
-
-
-_state = _State()
-
-
 def _ninetoothed_version() -> str:
     from importlib.metadata import version
 
     return version("ninetoothed")
 
 
-def installed() -> bool:
-    return bool(_state.patches)
-
-
-def install(
-    cache: Cache | None = None,
-    *,
-    device: Any = None,
-    bench: Callable[[Callable[[], Any]], float] | None = None,
-) -> bool:
-    """Make kernelcache ninetoothed's cache; ``False`` (and a warning) for an unsupported version.
-
-    ``cache`` defaults to ``kernelcache.Cache()``; ``device`` names the GPU
-    whose model keys auto-tuning records (default: CUDA device 0);
-    ``bench`` times one candidate call (default ``triton.testing.do_bench``).
-    """
-    version = _ninetoothed_version()
-    if version not in SUPPORTED_VERSIONS:
-        warnings.warn(
-            f"kernelcache.ninetoothed supports ninetoothed {', '.join(SUPPORTED_VERSIONS)}, "
-            f"not {version}: ninetoothed keeps its own caches",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    with _state.lock:
-        _state.cache, _state.records = cache, None
-        _state.device, _state.bench = device, bench
-        if installed():
-            return True
-        _patch(_state.patches)
-    return True
-
-
-def _patch(patches: Patches) -> None:
+def _hook(patches: Patches) -> None:
     generation = importlib.import_module(CACHE_SOURCE[0])
     folder = generation.CACHE_DIR
 
@@ -172,42 +96,77 @@ def _patch(patches: Patches) -> None:
     patches.set(make_module, MAKE_AOT[1], outputs.aot)
     patches.set(_ninetoothed, "build", outputs.build)
 
-    _state.memo = MakeMemo(make_module.make)
-    patches.set(_ninetoothed, "make", _state.memo)
+    memo = MakeMemo(make_module.make)
+    _memo[:] = [memo]
+    patches.on_restore(_memo.clear)
+    patches.set(_ninetoothed, "make", memo)
 
-    tuner = TunerHooks(_state.get_records, _state.get_device, _state.bench, _state.count)
+    tuner = TunerHooks(get_records, _device, lambda: _state.option("bench"), _state.count)
     auto_tuner = importlib.import_module("ninetoothed.auto_tuner")
     patches.set(
         auto_tuner.AutoTuner,
         GET_TIMINGS,
         lambda self, args, kwargs: tuner.get_timings(self, args, kwargs),
     )
-    _state.env_before = os.environ.get("TRITON_CACHE_MANAGER")
-    os.environ["TRITON_CACHE_MANAGER"] = TRITON_CACHE_MANAGER
+    patches.setenv("TRITON_CACHE_MANAGER", TRITON_CACHE_MANAGER)
+
+
+_state = Integration(
+    "ninetoothed",
+    tool="ninetoothed",
+    supported=SUPPORTED_VERSIONS,
+    counters=COUNTERS,
+    hook=_hook,
+    keeps="its own caches",
+)
+_memo: list[MakeMemo] = []  # the memo behind ninetoothed.make while installed
+
+
+def installed() -> bool:
+    return _state.installed()
+
+
+def install(
+    cache: Cache | None = None,
+    *,
+    device: Any = None,
+    bench: Callable[[Callable[[], Any]], float] | None = None,
+) -> bool:
+    """Make kernelcache ninetoothed's cache; ``False`` (and a warning) for an unsupported version.
+
+    ``cache`` defaults to ``kernelcache.Cache()``; ``device`` names the GPU
+    whose model keys auto-tuning records (default: CUDA device 0);
+    ``bench`` times one candidate call (default ``triton.testing.do_bench``).
+    Calling it again replaces the cache, device and bench.
+    """
+    return _state.install(_ninetoothed_version(), cache, {"device": device, "bench": bench})
 
 
 def uninstall() -> None:
     """Give ninetoothed its own caches back."""
-    with _state.lock:
-        if not installed():
-            return
-        _state.patches.restore()
-        _state.memo = None
-        if _state.env_before is None:
-            os.environ.pop("TRITON_CACHE_MANAGER", None)
-        else:
-            os.environ["TRITON_CACHE_MANAGER"] = _state.env_before
+    _state.uninstall()
 
 
 @contextlib.contextmanager
 def enabled(cache: Cache | None = None, **options: Any) -> Iterator[bool]:
-    """``with kernelcache.ninetoothed.enabled(): ...`` installs for the block."""
-    was = installed()
-    try:
-        yield install(cache, **options)
-    finally:
-        if not was:
-            uninstall()
+    """``with kernelcache.ninetoothed.enabled(): ...`` installs for the block, then restores
+    exactly what was before it (installed or not, and with which cache and options)."""
+    with _state.enabled(lambda: install(cache, **options)) as done:
+        yield done
+
+
+def _device() -> Any:
+    device = _state.option("device")
+    return device if device is not None else current_device()
+
+
+def _records() -> AutotuneCache:
+    from kernelcache import toolchain
+
+    return AutotuneCache(
+        _state.get_cache(),
+        toolchain={"ninetoothed": _ninetoothed_version(), "triton": toolchain.triton()},
+    )
 
 
 def get_cache() -> Cache:
@@ -215,19 +174,18 @@ def get_cache() -> Cache:
 
 
 def get_records() -> AutotuneCache:
-    return _state.get_records()
+    return _state.derived("records", _records)
 
 
 def make_memo() -> MakeMemo | None:
     """The memo behind ``ninetoothed.make`` while installed (``.memo.cache_info()``)."""
-    return _state.memo
+    return _memo[0] if _memo else None
 
 
 def stats() -> dict[str, int]:
     """This process's make() memo hits and misses, output hits and compiles, autotune runs."""
-    with _state.lock:
-        counters = dict(_state.counters)
-    memo = _state.memo
+    counters = _state.counters.snapshot()
+    memo = make_memo()
     if memo is not None:
         info = memo.memo.cache_info()
         counters["make_hits"], counters["make_misses"] = info.hits, info.misses

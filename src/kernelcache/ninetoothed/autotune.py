@@ -25,13 +25,14 @@ LAUNCH_ERROR = "_KernelLaunchError"  # ninetoothed.aot: a candidate that cannot 
 
 
 class TunerHooks:
-    """The replacement of ``AutoTuner._get_timings``; ``bench`` times one call (do_bench)."""
+    """The replacement of ``AutoTuner._get_timings``; ``bench()`` gives what times one
+    call (``None``: Triton's ``do_bench``)."""
 
     def __init__(
         self,
         records: Callable[[], AutotuneCache],
         device: Callable[[], Any],
-        bench: Callable[[Callable[[], Any]], float] | None = None,
+        bench: Callable[[], Callable[[Callable[[], Any]], float] | None] = lambda: None,
         count: Callable[[str], None] = lambda name: None,
     ) -> None:
         self.records = records
@@ -40,8 +41,9 @@ class TunerHooks:
         self.count = count
 
     def _bench(self, fn: Callable[[], Any]) -> float:
-        if self.bench is not None:
-            return self.bench(fn)
+        bench = self.bench()  # read per call: a later install() may bring another
+        if bench is not None:
+            return bench(fn)
         import triton
 
         return float(triton.testing.do_bench(fn))

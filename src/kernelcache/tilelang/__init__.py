@@ -24,8 +24,6 @@ hooks replace private methods, read from those versions); with any other,
 from __future__ import annotations
 
 import contextlib
-import threading
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,9 +38,10 @@ except ModuleNotFoundError as exc:
 
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
+from kernelcache.integration import Integration
 from kernelcache.patching import Patches
 from kernelcache.tilelang.autotune import TunerHooks
-from kernelcache.tilelang.kernels import BackendHooks, Counters
+from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -66,42 +65,33 @@ TUNER_LOAD = "_load_result_from_disk"
 TUNER_SAVE = "_save_result_to_disk"
 
 
-class _State:
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.patches = Patches()
-        self.counters = Counters()
-        self.cache: Cache | None = None
-        self.records: AutotuneCache | None = None
-        self.device: Any = None
+def _hook(patches: Patches) -> None:
+    import tilelang.cache as tl_cache
+    from tilelang.autotuner.tuner import AutoTuner
+    from tilelang.cache.cuda_binary_cache import CUDABinaryCache
 
-    def get_cache(self) -> Cache:
-        with self.lock:
-            if self.cache is None:
-                self.cache = Cache()
-            return self.cache
-
-    def get_records(self) -> AutotuneCache:
-        from kernelcache import toolchain
-
-        with self.lock:
-            if self.records is None:
-                self.records = AutotuneCache(
-                    self.get_cache(),
-                    toolchain={"tilelang": _tilelang.__version__, "nvcc": toolchain.nvcc()},
-                )
-            return self.records
-
-    def get_device(self) -> Any:
-        return self.device if self.device is not None else current_device()
+    for upstream in getattr(tl_cache, DISPATCH_MAP).values():
+        hooks = BackendHooks(
+            upstream, getattr(upstream, LOAD), getattr(upstream, SAVE),
+            _state.get_cache, _state.counters,
+        )  # fmt: skip
+        patches.set(upstream, LOAD, hooks.load)
+        patches.set(upstream, SAVE, hooks.save)
+    patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
+    patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
+    tuner = TunerHooks(get_records, _device)
+    patches.set(AutoTuner, TUNER_LOAD, lambda self, key: tuner.load(self, key))
+    patches.set(AutoTuner, TUNER_SAVE, lambda self, key, result: tuner.save(self, key, result))
 
 
-_state = _State()
+_state = Integration(
+    "tilelang", tool="TileLang", supported=SUPPORTED_VERSIONS, counters=COUNTERS, hook=_hook
+)
 
 
 def installed() -> bool:
     """Whether TileLang's caches are kernelcache now."""
-    return bool(_state.patches)
+    return _state.installed()
 
 
 def install(cache: Cache | None = None, *, device: Any = None) -> bool:
@@ -113,37 +103,7 @@ def install(cache: Cache | None = None, *, device: Any = None) -> bool:
     CUDA device 0 as torch or cuda.core sees it). Calling it again replaces
     the cache and device.
     """
-    import tilelang.cache as tl_cache
-    from tilelang.autotuner.tuner import AutoTuner
-    from tilelang.cache.cuda_binary_cache import CUDABinaryCache
-
-    version = _tilelang.__version__
-    if version not in SUPPORTED_VERSIONS:
-        warnings.warn(
-            f"kernelcache.tilelang supports TileLang {', '.join(SUPPORTED_VERSIONS)}, "
-            f"not {version}: TileLang keeps its own cache",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return False
-    with _state.lock:
-        _state.cache, _state.records, _state.device = cache, None, device
-        if installed():
-            return True
-        patches = _state.patches
-        for upstream in getattr(tl_cache, DISPATCH_MAP).values():
-            hooks = BackendHooks(
-                upstream, getattr(upstream, LOAD), getattr(upstream, SAVE),
-                _state.get_cache, _state.counters,
-            )  # fmt: skip
-            patches.set(upstream, LOAD, hooks.load)
-            patches.set(upstream, SAVE, hooks.save)
-        patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
-        patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
-        tuner = TunerHooks(_state.get_records, _state.get_device)
-        patches.set(AutoTuner, TUNER_LOAD, lambda self, key: tuner.load(self, key))
-        patches.set(AutoTuner, TUNER_SAVE, lambda self, key, result: tuner.save(self, key, result))
-    return True
+    return _state.install(_tilelang.__version__, cache, {"device": device})
 
 
 def _binary_miss(cls: type, key: str, compile_format: str) -> None:
@@ -156,19 +116,20 @@ def _binary_skip(cls: type, key: str, compile_format: str, data: bytes) -> None:
 
 def uninstall() -> None:
     """Give TileLang its own caches back (kernels already loaded stay valid)."""
-    with _state.lock:
-        _state.patches.restore()
+    _state.uninstall()
 
 
 @contextlib.contextmanager
 def enabled(cache: Cache | None = None, *, device: Any = None) -> Iterator[bool]:
-    """``with kernelcache.tilelang.enabled(): ...`` installs for the block, then uninstalls."""
-    was = installed()
-    try:
-        yield install(cache, device=device)
-    finally:
-        if not was:
-            uninstall()
+    """``with kernelcache.tilelang.enabled(): ...`` installs for the block, then restores
+    exactly what was before it (installed or not, and with which cache and device)."""
+    with _state.enabled(lambda: install(cache, device=device)) as done:
+        yield done
+
+
+def _device() -> Any:
+    device = _state.option("device")
+    return device if device is not None else current_device()
 
 
 def get_cache() -> Cache:
@@ -176,9 +137,18 @@ def get_cache() -> Cache:
     return _state.get_cache()
 
 
+def _records() -> AutotuneCache:
+    from kernelcache import toolchain
+
+    return AutotuneCache(
+        _state.get_cache(),
+        toolchain={"tilelang": _tilelang.__version__, "nvcc": toolchain.nvcc()},
+    )
+
+
 def get_records() -> AutotuneCache:
     """The autotune records TileLang's tuner reads and writes (over :func:`get_cache`)."""
-    return _state.get_records()
+    return _state.derived("records", _records)
 
 
 def stats() -> dict[str, int]:

@@ -29,6 +29,7 @@ from typing import Any
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
+from kernelcache.integration import Counters
 from kernelcache.tilelang.keys import kernel_key
 
 logger = logging.getLogger(__name__)
@@ -50,22 +51,8 @@ _WRITERS = (
 _LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, CorruptEntry, StoreError)
 
 
-class Counters:
-    """Events of the TileLang integration in this process (``kernelcache.tilelang.stats()``)."""
-
-    NAMES = ("hits", "misses", "compiles", "unusable_entries", "passed_through")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.values = dict.fromkeys(self.NAMES, 0)
-
-    def count(self, name: str) -> None:
-        with self._lock:
-            self.values[name] += 1
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.values)
+#: What ``kernelcache.tilelang.stats()`` counts.
+COUNTERS = ("hits", "misses", "compiles", "unusable_entries", "passed_through")
 
 
 def handles(backend: str, target: Any) -> bool:

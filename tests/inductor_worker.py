@@ -1,0 +1,78 @@
+"""A child process of tests/test_inductor.py: torch.compile on CPU through kernelcache.inductor.
+
+    python inductor_worker.py MODE [GO_FILE]
+
+MODE ``infer``: an MLP's inference graph; ``train``: the same MLP's forward and
+backward; ``both``: one then the other. With GO_FILE, the child waits for that
+file (the parent releases several children at once). With KC_TEST_SAVE_ARTIFACTS
+set, it writes torch's Mega-Cache blob there. Its last line of output
+is a JSON report: torch's cache counters, kernelcache.inductor.stats(), and
+whether outputs and gradients equal eager mode's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+import children
+import kernelcache.inductor as kci
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def infer() -> bool:
+    eager = model().eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        return bool(torch.equal(torch.compile(eager)(x), eager(x)))
+
+
+def train() -> bool:
+    eager, compiled = model(), model()
+    x = torch.randn(4, 8)
+    eager(x).pow(2).sum().backward()
+    torch.compile(compiled)(x).pow(2).sum().backward()
+    grads = [
+        (a.grad, b.grad) for a, b in zip(eager.parameters(), compiled.parameters(), strict=True)
+    ]
+    return all(
+        a is not None and b is not None and torch.allclose(a, b, atol=1e-6) for a, b in grads
+    )
+
+
+def main(argv: list[str]) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    mode = argv[0]
+    if os.environ.get("KC_TEST_INSTALL", "1") == "1":
+        kci.install()
+    if len(argv) > 1:
+        children.wait_for(argv[1])
+    equal = []
+    if mode in ("infer", "both"):
+        equal.append(infer())
+    if mode in ("train", "both"):
+        equal.append(train())
+    if save := os.environ.get("KC_TEST_SAVE_ARTIFACTS"):
+        saved = torch.compiler.save_cache_artifacts()
+        assert saved is not None
+        with open(save, "wb") as f:
+            f.write(saved[0])
+    return {
+        "equal": all(equal),
+        "inductor": dict(counters["inductor"]),
+        "aot": dict(counters["aot_autograd"]),
+        "kc": kci.stats(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))
