@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -116,27 +115,15 @@ def test_install_and_restore_put_torch_back_exactly() -> None:
     assert (cpp_builder.CppBuilder.__dict__["build"], vars(codecache)[cpp.PRECOMPILE]) == before
 
 
-def test_code_skips_memory_and_an_unsigned_team_tier(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_builds_skip_the_memory_tier_and_memos_stay_local(tmp_path: Path) -> None:
     from kernelcache.stores.disk import DiskStore
     from kernelcache.stores.redis import RedisStore
 
-    def tiers(secret: str | None) -> list[Any]:
-        team = RedisStore("redis://127.0.0.1:1/0", secret=secret)
-        return [MemoryStore(), DiskStore(str(tmp_path / "d")), team]
-
-    monkeypatch.delenv(cpp.OPT_IN, raising=False)
-    unsigned = tiers(None)
-    with pytest.warns(RuntimeWarning, match="KERNELCACHE_SECRET"):
-        assert cpp.runnable(Cache(unsigned, persist_stats=False)).tiers == unsigned[1:2]
-    signed = tiers("s")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert cpp.runnable(Cache(signed, persist_stats=False)).tiers == signed[1:]
-        monkeypatch.setenv(cpp.OPT_IN, "1")
-        opted = tiers(None)
-        assert cpp.runnable(Cache(opted, persist_stats=False)).tiers == opted[1:]
+    tiers = [MemoryStore(), DiskStore(str(tmp_path / "d")), RedisStore("redis://127.0.0.1:1/0")]
+    cache = Cache(tiers, persist_stats=False)
+    assert cpp.runnable(cache).tiers == tiers[1:]
+    assert cpp.local(cache).tiers == tiers[1:2]
+    assert cpp.runnable(cache) is cpp.runnable(cache)
 
 
 def test_force_disable_caches_compiles_without_the_cache(

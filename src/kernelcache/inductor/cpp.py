@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -70,8 +69,6 @@ PRECOMPILING = "_precompiling"  # the build makes a precompiled header
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
 MEMO = "headers.json"  # the one artifact of a header-scan memo
-#: Set to 1 to run kernels from an unsigned team tier (no ``KERNELCACHE_SECRET``).
-OPT_IN = "KERNELCACHE_INDUCTOR_UNSIGNED"
 COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built")
 
 
@@ -105,14 +102,12 @@ _views_lock = threading.Lock()
 
 
 def runnable(cache: Cache) -> Cache:
-    """The tiers of ``cache`` that C++ builds use: no memory tier, no unsigned team tier.
+    """The tiers of ``cache`` that C++ builds use: all but the memory tier.
 
-    A ``.so`` is code: from a Redis tier without ``KERNELCACHE_SECRET``, anyone
-    who can write to that server would run code in every process that loads
-    it, so that tier is left out unless the user opts in (:data:`OPT_IN`). The
-    local tiers stay (the disk tier refuses directories others may write). The
-    memory tier is left out too: torch keeps each loaded library for the
-    process, so it would only hold bytes.
+    Torch keeps each loaded library for the process, so a memory tier would
+    only hold bytes. ``cache`` is the one :mod:`kernelcache.inductor` hands
+    over, with its trust rule applied (a ``.so`` is code: no unsigned team tier
+    unless the user opted in).
     """
     return _views_of(cache)[0]
 
@@ -126,17 +121,7 @@ def _views_of(cache: Cache) -> tuple[Cache, Cache]:
     with _views_lock:
         views = _views.get(cache)
         if views is None:
-            unsigned = [t for t in cache.tiers if getattr(t, "secret", b"") is None]
-            if unsigned and os.environ.get(OPT_IN) != "1":
-                warnings.warn(
-                    f"kernelcache.inductor: no KERNELCACHE_SECRET, so C++ kernels neither come "
-                    f"from nor go to the team tier (set {OPT_IN}=1 to trust it unsigned)",
-                    RuntimeWarning,
-                    stacklevel=5,
-                )
-            else:
-                unsigned = []
-            code = [t for t in cache.tiers if t not in unsigned and not isinstance(t, MemoryStore)]
+            code = [t for t in cache.tiers if not isinstance(t, MemoryStore)]
             disks = [t for t in cache.tiers if isinstance(t, (DiskStore, SQLiteStore))]
             views = (
                 Cache(code, settings=cache.settings),
