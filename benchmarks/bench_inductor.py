@@ -55,19 +55,10 @@ def _model(name: str) -> tuple[Any, Any]:
 
 
 def _install_kernelcache() -> str:
-    """``kernelcache.inductor.install()``; only the C++ hooks while the core is not merged."""
-    import kernelcache.inductor as inductor
+    import kernelcache.inductor
 
-    if hasattr(inductor, "install"):
-        inductor.install()
-        return "kernelcache.inductor.install()"
-    from kernelcache import Cache
-    from kernelcache.inductor import cpp
-    from kernelcache.patching import Patches
-
-    cache = Cache()
-    cpp.install(Patches(), lambda: cache)
-    return "kernelcache.inductor.cpp only (FX cache: torch's, local)"
+    kernelcache.inductor.install()
+    return "kernelcache.inductor.install()"
 
 
 def child(model_name: str, mode: str, go: str) -> None:
@@ -200,13 +191,7 @@ def verdicts(model: str, r: dict[str, Any]) -> list[dict[str, str]]:
     second, remote = sec("kernelcache second machine"), sec("torch remote")
     cold_ratio = sec("kernelcache cold") / sec("cold")
     kc, tr = r["stampede kernelcache"], r["stampede torch remote"]
-    full = r["kernelcache cold"]["installed"] == "kernelcache.inductor.install()"
-    # With the core merged, graphs are single-flight (FX misses); before, only C++ builds are.
-    ours = (
-        kc["fx_miss"]
-        if full
-        else kc["cpp_compiles"] / max(1, r["kernelcache cold"]["cpp"]["compiles"])
-    )
+    ours = kc["fx_miss"]  # graphs compiled; C++ builds are single-flight too (cpp_compiles)
     return [
         {"target": f"{model}: second machine <= torch remote cache", "measured":
          f"{second:.2f} s vs {remote:.2f} s ({second / remote:.2f}x)",
