@@ -1,0 +1,277 @@
+"""Inductor's C++ builds through kernelcache: kernels, precompiled headers, ISA probes.
+
+On CPU, torch.compile turns each graph into C++ kernels that g++ builds into
+``.so`` files, one ``CppBuilder.build()`` each, under ``TORCHINDUCTOR_CACHE_DIR``.
+An FX-graph hit (local or remote) holds only their source, so a second machine
+still runs g++ for every kernel, plus, before its first graph, the ISA probes
+(a small ``.so`` per vector ISA) and a precompiled header (~150 MB, ~9 s here).
+
+:func:`install` makes every build one kernelcache entry keyed by what it
+reads (:mod:`kernelcache.inductor.cpp_keys`): a hit writes the verified bytes
+where torch expects its output and runs no compiler; N processes or machines
+that miss the same build at once compile it once (:meth:`Cache.claim`).
+
+The precompiled header becomes lazy and is not stored: torch asks for it
+before every new kernel, but it only speeds up a compile, so it is built only
+when a build actually misses. Stored, it would be ~150 MB per flag set in
+every tier, and ~1 s more on every cold machine to store it, for the benefit
+of machines that miss a kernel anyway (which then pay torch's ~9 s).
+
+What still runs: once per process, ``g++ -v`` for what ``-march=native``
+means here (~15 ms) and each ISA probe's ``dlopen`` in a child Python
+(whether this CPU runs the code); once per machine and boot, one ``g++ -E
+-fdirectives-only`` per distinct flag set (~0.1-0.3 s: the header part of the
+key, then remembered by the headers' stats: :mod:`kernelcache.inductor.headers`).
+
+torch has no seam for builds, so the hooks replace two names (the table
+below, read from the torch versions in :data:`SUPPORTED_VERSIONS`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from kernelcache import _fs
+from kernelcache.cache import Cache
+from kernelcache.entry import Entry
+from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
+from kernelcache.inductor.headers import Load, Save
+from kernelcache.patching import Patches
+from kernelcache.stores.disk import DiskStore
+from kernelcache.stores.memory import MemoryStore
+from kernelcache.stores.sqlite import SQLiteStore
+
+__all__ = ["SUPPORTED_VERSIONS", "install", "stats"]
+
+#: torch versions whose builder internals the hooks were read from.
+SUPPORTED_VERSIONS = ("2.13.0",)
+
+# The seams, all read from torch 2.13.0:
+# torch._inductor.cpp_builder.CppBuilder.build: runs one compiler command. Its
+#   private fields (_sources_args, _include_dirs_args, _definitions_args,
+#   _cflags_args, _passthrough_parameters_args, _precompiling, _compile_only,
+#   _preprocessing, _use_relative_path) describe the build (cpp_keys.Build).
+# torch._inductor.codecache._precompile_header: preprocesses and precompiles a
+#   header, returns the path to pass with -include.
+BUILD = "build"
+PRECOMPILE = "_precompile_header"
+HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
+# CppBuilder fields: "-include" and the rest of the include arguments; whether
+# the build is one of fbcode's remote builds; whether it only preprocesses.
+INCLUDES, REMOTE, PREPROCESSING = "_include_dirs_args", "_use_relative_path", "_preprocessing"
+PRECOMPILING = "_precompiling"  # the build makes a precompiled header
+
+#: The one artifact of an entry: the build's output file.
+ARTIFACT = "output"
+MEMO = "headers.json"  # the one artifact of a header-scan memo
+COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built")
+
+
+class Counters:
+    """Events of the C++ build hooks in this process (:func:`stats`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values = dict.fromkeys(COUNTERS, 0)
+
+    def count(self, name: str) -> None:
+        with self._lock:
+            self.values[name] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+
+counters = Counters()
+_scans = HeaderScans()
+
+
+def stats() -> dict[str, int]:
+    """This process's build hits, misses, compiles, uncached builds, header scans."""
+    return {**counters.snapshot(), "header_scans": _scans.runs}
+
+
+_views: weakref.WeakKeyDictionary[Cache, tuple[Cache, Cache]] = weakref.WeakKeyDictionary()
+_views_lock = threading.Lock()
+
+
+def runnable(cache: Cache) -> Cache:
+    """The tiers of ``cache`` that C++ builds use: all but the memory tier.
+
+    Torch keeps each loaded library for the process, so a memory tier would
+    only hold bytes. ``cache`` is the one :mod:`kernelcache.inductor` hands
+    over, with its trust rule applied (a ``.so`` is code: no unsigned team tier
+    unless the user opted in).
+    """
+    return _views_of(cache)[0]
+
+
+def local(cache: Cache) -> Cache:
+    """The local tiers of ``cache`` (disk or SQLite): where header-scan memos live."""
+    return _views_of(cache)[1]
+
+
+def _views_of(cache: Cache) -> tuple[Cache, Cache]:
+    with _views_lock:
+        views = _views.get(cache)
+        if views is None:
+            code = [t for t in cache.tiers if not isinstance(t, MemoryStore)]
+            disks = [t for t in cache.tiers if isinstance(t, (DiskStore, SQLiteStore))]
+            views = (
+                Cache(code, settings=cache.settings),
+                Cache(disks, settings=cache.settings, persist_stats=False),
+            )
+            _views[cache] = views
+        return views
+
+
+def _memo(cache: Cache) -> tuple[Load, Save]:
+    """Header-scan memos in the local tiers (machine-local records: see headers.py)."""
+    tiers = local(cache)
+
+    def load(key: str) -> bytes | None:
+        entry = tiers.get(key)
+        return entry[MEMO] if entry is not None and MEMO in entry else None
+
+    def save(key: str, record: bytes) -> None:
+        tiers.put(key, Entry({MEMO: record}, meta={"kind": "header-scan"}))
+
+    return load, save
+
+
+class LazyHeaders:
+    """``_precompile_header`` that hands out a header path now and builds its PCH on need.
+
+    The path names a small file holding ``#include <header>``: without a
+    ``.gch`` beside it, g++ reads the header itself (same code, slower).
+    :meth:`materialize` swaps in torch's real precompiled header before a
+    build that has to compile.
+    """
+
+    def __init__(self, original: Callable[..., str], header_dir: str) -> None:
+        self.original = original
+        self.header_dir = header_dir
+        self._lock = threading.Lock()
+        self._deferred: dict[str, tuple[str, str, dict[str, Any]]] = {}
+
+    def __call__(self, header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+        text = f"#include <{header}>\n"
+        name = hashlib.sha256(f"{text}\0{hashable_cmd_line}".encode()).hexdigest()[:40]
+        path = os.path.join(self.header_dir, f"kc-{name}.h")
+        with self._lock:
+            if path not in self._deferred:
+                os.makedirs(self.header_dir, exist_ok=True)
+                if not _fs.holds(path, text.encode(), {}):
+                    _fs.write_atomic(path, text.encode(), mode=0o644)
+                self._deferred[path] = (header, hashable_cmd_line, compile_command)
+                counters.count("pch_deferred")
+        return path
+
+    def materialize(self, builder: Any) -> None:
+        """Point ``builder``'s ``-include`` at torch's real precompiled header, built now."""
+        for path, (header, cmd, command) in self._pending(getattr(builder, INCLUDES)):
+            real = self.original(header, cmd, **command)  # functools.cache'd by torch
+            args = getattr(builder, INCLUDES).replace(f"-include {path} ", f"-include {real} ")
+            setattr(builder, INCLUDES, args)
+
+    def _pending(self, include_args: str) -> list[tuple[str, tuple[str, str, dict[str, Any]]]]:
+        with self._lock:
+            return [(p, d) for p, d in self._deferred.items() if f"-include {p} " in include_args]
+
+
+class BuildHook:
+    """``CppBuilder.build`` through the cache: a hit writes the output, a miss compiles once."""
+
+    def __init__(
+        self,
+        original: Callable[[Any], None],
+        get_cache: Callable[[], Cache],
+        headers: LazyHeaders,
+        torch_version: str,
+    ) -> None:
+        self.original = original
+        self.get_cache = get_cache
+        self.headers = headers
+        self.torch_version = torch_version
+
+    def __call__(self, builder: Any) -> None:
+        if getattr(builder, REMOTE) or getattr(builder, PREPROCESSING):
+            # fbcode's remote builds; torch's own preprocessing for a PCH key.
+            self.original(builder)
+            return
+        if getattr(builder, PRECOMPILING):  # only ever built for a miss (LazyHeaders)
+            counters.count("pch_built")
+            self.original(builder)
+            return
+        if self.caches_disabled():  # TORCHINDUCTOR_FORCE_DISABLE_CACHES keeps its meaning
+            counters.count("uncached")
+            self._compile(builder, Build.of(builder))
+            return
+        build = Build.of(builder)
+        whole = self.get_cache()
+        try:
+            key = build_key(build, _scans, self.torch_version, _memo(whole))
+        except Uncacheable:
+            counters.count("uncached")
+            self._compile(builder, build)
+            return
+        cache = runnable(whole)
+        entry = cache.get(key)
+        if entry is None:
+            counters.count("misses")
+            with cache.claim(key) as claim:
+                entry = claim.entry
+                if entry is None:
+                    claim.compile(lambda: self._compile(builder, build))
+                    counters.count("compiles")
+                    return
+        counters.count("hits")
+        self._place(entry, build.target)
+
+    @staticmethod
+    def caches_disabled() -> bool:
+        from torch._inductor import config
+
+        return bool(config.force_disable_caches)
+
+    def _compile(self, builder: Any, build: Build) -> Entry:
+        self.headers.materialize(builder)
+        self.original(builder)
+        with open(build.target, "rb") as f:
+            data = f.read()
+        return Entry({ARTIFACT: data}, meta={"kind": build.kind})
+
+    @staticmethod
+    def _place(entry: Entry, target: str) -> None:
+        """Write the entry's verified bytes where torch loads its output from."""
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        _fs.write_atomic(target, entry[ARTIFACT], mode=0o755)
+
+
+def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
+    """Route Inductor's C++ builds through ``get_cache()``; every change goes into ``patches``.
+
+    ``get_cache`` is called per build, so a later install with another cache
+    needs no re-patching. For torch versions outside :data:`SUPPORTED_VERSIONS`
+    nothing is patched (the caller warns).
+    """
+    import torch
+    from torch._inductor import codecache, cpp_builder
+
+    version = str(torch.__version__).split("+", 1)[0]
+    if version not in SUPPORTED_VERSIONS:
+        return
+    headers = LazyHeaders(getattr(codecache, PRECOMPILE), getattr(codecache, HEADER_DIR))
+    hook = BuildHook(getattr(cpp_builder.CppBuilder, BUILD), get_cache, headers, version)
+
+    def build(builder: Any) -> None:
+        hook(builder)
+
+    patches.set(codecache, PRECOMPILE, headers)
+    patches.set(cpp_builder.CppBuilder, BUILD, build)

@@ -1,0 +1,158 @@
+"""The header part of a C++ build's key: its directives preprocessed, memoised like ccache's direct mode.
+
+Preprocessing a kernel's ``#include`` lines with its flags (``g++ -E -P
+-fdirectives-only``) gives a text that holds every header the compile can
+reach; its SHA-256 is the key's header field. That costs a compiler run
+(~0.1 s quiet, ~1 s on a loaded machine), once per (compiler, flags,
+directives) in a process; all kernels of a model share one.
+
+The same run writes the list of headers it read (``-MD``). A memo records
+the digest with each header's stat signature (:func:`kernelcache._fs.signature`),
+so the next process on this machine checks a few hundred ``lstat`` calls
+instead of running the preprocessor. The memo is machine-local by its key (host
+and boot), never trusted for a header too new to vouch for
+(:func:`kernelcache._fs.too_new`), and only a speed-up: a mismatch or an
+unreadable record means a scan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+from kernelcache import _fs
+from kernelcache.keys import KeyBuilder
+
+__all__ = ["HeaderScans", "Uncacheable", "dependencies"]
+
+_TIMEOUT = 300.0
+
+#: Looks up and stores a memo record by key (bytes, or None when absent).
+Load = Callable[[str], "bytes | None"]
+Save = Callable[[str, bytes], None]
+
+
+class Uncacheable(Exception):
+    """This build cannot be keyed soundly; it runs as torch would, uncached."""
+
+
+def dependencies(text: str) -> list[str]:
+    """The files of a make rule written by ``-MD`` (escaped spaces kept), target excluded."""
+    words = text.replace("\\\n", " ").replace("\\ ", "\0").split()
+    return [w.replace("\0", " ") for w in words[1:] if w != "-"]
+
+
+def _boot() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+class HeaderScans:
+    """Digests of preprocessed directives, per (compiler, flags, directives).
+
+    Thread-safe: threads compiling the kernels of one model wait for one scan.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memo: dict[tuple[str, tuple[str, ...], str], str] = {}
+        self._busy: dict[tuple[str, tuple[str, ...], str], threading.Lock] = {}
+        self.runs = 0
+        self.machine = f"{os.uname().nodename}\0{_boot()}"
+
+    def digest(
+        self,
+        compiler: str,
+        identity: str,
+        flags: list[str],
+        text: str,
+        memo: tuple[Load, Save] | None = None,
+    ) -> str:
+        """The digest for ``compiler`` (a path; ``identity`` names it in memo keys)."""
+        here = (compiler, tuple(flags), text)
+        with self._lock:
+            if here in self._memo:
+                return self._memo[here]
+            busy = self._busy.setdefault(here, threading.Lock())
+        with busy:
+            with self._lock:
+                if here in self._memo:
+                    return self._memo[here]
+            key = (
+                KeyBuilder("kernelcache.inductor.headers").add("machine", self.machine)
+                .add("compiler", identity).add("flags", here[1]).add("text", text).hexdigest()
+            )  # fmt: skip
+            found = _recall(memo[0](key)) if memo is not None else None
+            if found is None:
+                found, record = self._scan(compiler, flags, text)
+                with self._lock:
+                    self.runs += 1
+                if memo is not None and record is not None:
+                    memo[1](key, record)
+            with self._lock:
+                self._memo[here] = found
+            return found
+
+    @staticmethod
+    def _scan(compiler: str, flags: list[str], text: str) -> tuple[str, bytes | None]:
+        """The digest, and the memo record (None when a header is too new to vouch for)."""
+        with tempfile.TemporaryDirectory(prefix="kc-headers-") as tmp:
+            deps = os.path.join(tmp, "deps")
+            cmd = [compiler, "-x", "c++", *flags, "-E", "-P", "-fdirectives-only"]
+            cmd += ["-MD", "-MF", deps, "-MT", "scan", "-", "-o", "-"]
+            try:
+                proc = subprocess.run(
+                    cmd, input=text.encode(), capture_output=True, timeout=_TIMEOUT, check=False
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise Uncacheable(f"preprocessing the headers failed: {exc}") from exc
+            if proc.returncode != 0:
+                err = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
+                raise Uncacheable(f"preprocessing the headers failed: {err}")
+            digest = hashlib.sha256(proc.stdout).hexdigest()
+            try:
+                with open(deps) as f:
+                    paths = dependencies(f.read())
+            except OSError:
+                return digest, None
+        return digest, _record(digest, paths)
+
+
+def _record(digest: str, paths: list[str]) -> bytes | None:
+    now = time.time_ns()
+    files = []
+    for path in paths:
+        if not os.path.isabs(path):
+            return None  # relative to a directory the next process may not share
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if _fs.too_new(st, now):
+            return None
+        files.append([path, list(_fs.signature(st))])
+    return json.dumps({"digest": digest, "files": files}).encode()
+
+
+def _recall(raw: bytes | None) -> str | None:
+    """The digest of a memo record whose headers all still have their signatures."""
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+        digest, files = str(record["digest"]), record["files"]
+        for path, sig in files:
+            if list(_fs.signature(os.stat(path))) != sig:
+                return None
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # damaged, or a header gone: scan again
+    return digest

@@ -1,0 +1,47 @@
+"""One "machine" compiling a small MLP with torch.compile on CPU, C++ builds through kernelcache.
+
+Run by tests/test_inductor_cpp.py with its own TORCHINDUCTOR_CACHE_DIR and
+TMPDIR (torch's precompiled headers live under the temporary directory), and
+a kernelcache disk tier at argv[1] shared with the other "machines". Prints
+one JSON line: the hooks' counters and whether the outputs equal eager's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from kernelcache import Cache
+from kernelcache.inductor import cpp
+from kernelcache.patching import Patches
+from kernelcache.stores.disk import DiskStore
+from kernelcache.stores.memory import MemoryStore
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(torch.relu(self.a(x)))).softmax(-1)
+
+
+def main() -> None:
+    cache = Cache([MemoryStore(), DiskStore(sys.argv[1])], persist_stats=False)
+    patches = Patches()
+    cpp.install(patches, lambda: cache)
+    torch.manual_seed(0)
+    model, x = MLP(), torch.randn(8, 16)
+    with torch.no_grad():
+        got, want = torch.compile(model)(x), model(x)
+    patches.restore()
+    report = {"stats": cpp.stats(), "equal": bool(torch.allclose(got, want, atol=1e-6))}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""torch.compile's C++ builds on CPU through kernelcache: a second machine runs no g++ build.
+
+Real torch.compile (torch 2.13 CPU) and real g++, behind a wrapper that logs
+every command line; each "machine" is a child process with its own
+TORCHINDUCTOR_CACHE_DIR and temporary directory (torch's precompiled headers),
+sharing one kernelcache disk tier.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+from children import finish, start
+from kernelcache.stores.disk import DiskStore
+
+CHILD = Path(__file__).with_name("inductor_cpp_child.py")
+ROOT = Path(__file__).resolve().parent.parent
+GXX = shutil.which("g++")
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++")
+
+# The same script on every machine (its content is in the compiler's identity):
+# the log's path comes from the environment.
+WRAPPER = """#!/bin/sh
+printf '%s\\n' "$*" >> "$KC_TEST_GXX_LOG"
+exec {gxx} "$@"
+"""
+
+
+def _machine(tmp: Path, name: str, shared: Path, wrapper: Path) -> tuple[dict[str, Any], list[str]]:
+    home = tmp / name
+    (home / "tmp").mkdir(parents=True)
+    log = home / "g++.log"
+    env = {
+        **os.environ,
+        # An inherited PYTHONPATH first: checking this test against another tree works.
+        "PYTHONPATH": os.pathsep.join(
+            [p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "src"), str(ROOT / "tests")) if p]
+        ),
+        "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
+        "TMPDIR": str(home / "tmp"),
+        "KERNELCACHE_DIR": str(home / "kc-local"),  # the toolchain memo: per machine
+        "CXX": str(wrapper),
+        "KC_TEST_GXX_LOG": str(log),
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
+    report = finish(start(CHILD, env, str(shared)))
+    commands = log.read_text().splitlines() if log.exists() else []
+    return report, commands
+
+
+def _builds(commands: list[str]) -> list[str]:
+    """The compiler runs that produce a binary: kernels, ISA probes, precompiled headers
+    (not the preprocessor runs that key the headers, nor version probes)."""
+    binary = (" -shared", " -c ", "c++-header")
+    return [c for c in commands if " -E " not in c and any(b in c for b in binary)]
+
+
+def _corrupt_entries(shared: Path, kind: str) -> int:
+    store = DiskStore(str(shared))
+    done = 0
+    for key in list(store.keys()):
+        entry = store.get(key)
+        if entry is None or entry.meta.get("kind") != kind:
+            continue
+        path = Path(store.layout.entry_path(key))
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF  # inside the .so's bytes, past the header
+        path.chmod(0o600)
+        path.write_bytes(bytes(data))
+        done += 1
+    store.close()
+    return done
+
+
+@pytest.mark.slow
+def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path: Path) -> None:
+    assert GXX is not None
+    wrapper = tmp_path / "bin" / "g++"
+    wrapper.parent.mkdir()
+    wrapper.write_text(WRAPPER.format(gxx=GXX))
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    shared = tmp_path / "team"
+
+    first, first_cmds = _machine(tmp_path, "one", shared, wrapper)
+    assert first["equal"]
+    assert first["stats"]["compiles"] >= 2  # the ISA probe and the kernels, at least
+    assert len(_builds(first_cmds)) >= first["stats"]["compiles"]
+
+    second, second_cmds = _machine(tmp_path, "two", shared, wrapper)
+    assert second["equal"]
+    assert second["stats"]["compiles"] == 0
+    assert second["stats"]["hits"] == first["stats"]["compiles"]
+    assert (first["stats"]["pch_built"], second["stats"]["pch_built"]) == (1, 0)
+    assert _builds(second_cmds) == [], "a second machine ran a C++ build"
+    assert not list((tmp_path / "two" / "tmp").rglob("*.gch")), "the PCH was not needed"
+
+    assert _corrupt_entries(shared, "so") >= 2
+    third, third_cmds = _machine(tmp_path, "three", shared, wrapper)
+    assert third["equal"]
+    # Every .so was rebuilt (the stored ones failed their check), so the PCH was needed.
+    assert third["stats"]["compiles"] == first["stats"]["compiles"]
+    assert third["stats"]["pch_built"] == 1
+    assert len([c for c in _builds(third_cmds) if " -shared" in c]) == first["stats"]["compiles"]

@@ -1,0 +1,175 @@
+"""Keys of Inductor's C++ builds: what must change a key, what must not (no compile runs here)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from kernelcache import Cache, _fs
+from kernelcache.inductor import cpp
+from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key, directives
+from kernelcache.inductor.headers import dependencies
+from kernelcache.patching import Patches
+from kernelcache.stores.memory import MemoryStore
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+class FakeBuilder(SimpleNamespace):
+    """The fields of torch 2.13's CppBuilder that a key reads."""
+
+    def get_command_line(self) -> str:
+        return (
+            f"g++ {self._sources_args} {self._definitions_args} {self._cflags_args} "
+            f"{self._include_dirs_args} -o {self.target}"
+        )
+
+    def get_target_file_path(self) -> str:
+        return str(self.target)
+
+
+def _builder(where: Path, source: str, *, flags: str = "-O3 -march=native", inc: Path) -> Any:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "k.cpp").write_text(source)
+    return FakeBuilder(
+        _sources_args=str(where / "k.cpp"),
+        _include_dirs_args=f"-I{inc} ",
+        _definitions_args="-D X=1 ",
+        _cflags_args=f"{flags} -shared -fPIC ",
+        _passthrough_parameters_args="",
+        _precompiling=False,
+        _compile_only=False,
+        _preprocessing=False,
+        _use_relative_path=False,
+        target=where / "k.so",
+    )
+
+
+SOURCE = '#include "h.h"\nint f() { return H; }\n'
+
+
+def _key(builder: Any) -> str:
+    return build_key(Build.of(builder), HeaderScans(), "2.13.0")
+
+
+@pytest.fixture
+def inc(tmp_path: Path) -> Path:
+    folder = tmp_path / "inc"
+    folder.mkdir()
+    (folder / "h.h").write_text("#define H 1\n")
+    return folder
+
+
+def test_same_build_in_other_directories_has_one_key(tmp_path: Path, inc: Path) -> None:
+    assert _key(_builder(tmp_path / "a", SOURCE, inc=inc)) == _key(
+        _builder(tmp_path / "b" / "c", SOURCE, inc=inc)
+    )
+
+
+@pytest.mark.parametrize(
+    ("change"),
+    [
+        pytest.param("source", id="source"),
+        pytest.param("flags", id="flags"),
+        pytest.param("header", id="header-content"),
+    ],
+)
+def test_what_changes_the_binary_changes_the_key(tmp_path: Path, inc: Path, change: str) -> None:
+    before = _key(_builder(tmp_path / "a", SOURCE, inc=inc))
+    source, flags = SOURCE, "-O3 -march=native"
+    if change == "source":
+        source = SOURCE.replace("return H", "return H + 1")
+    elif change == "flags":
+        flags = "-O2 -march=native"
+    else:
+        (inc / "h.h").write_text("#define H 2\n")
+    assert _key(_builder(tmp_path / "b", source, flags=flags, inc=inc)) != before
+
+
+def test_a_header_that_cannot_be_found_is_uncacheable(tmp_path: Path, inc: Path) -> None:
+    builder = _builder(tmp_path / "a", '#include "missing.h"\n', inc=inc)
+    with pytest.raises(Uncacheable, match="preprocessing"):
+        _key(builder)
+
+
+def test_directives_keep_continuations_and_commented_hashes() -> None:
+    text = "int a;\n#define M \\\n  2\n/* c */ #include <x>\ncode();\n  # if 1\n"
+    assert directives(text) == "#define M \\\n  2\n/* c */ #include <x>\n  # if 1\n"
+
+
+def test_install_and_restore_put_torch_back_exactly() -> None:
+    from torch._inductor import codecache, cpp_builder
+
+    before = (cpp_builder.CppBuilder.__dict__["build"], vars(codecache)[cpp.PRECOMPILE])
+    patches = Patches()
+    cpp.install(patches, lambda: Cache([MemoryStore()], persist_stats=False))
+    assert cpp_builder.CppBuilder.__dict__["build"] is not before[0]
+    assert vars(codecache)[cpp.PRECOMPILE] is not before[1]
+    patches.restore()
+    assert (cpp_builder.CppBuilder.__dict__["build"], vars(codecache)[cpp.PRECOMPILE]) == before
+
+
+def test_builds_skip_the_memory_tier_and_memos_stay_local(tmp_path: Path) -> None:
+    from kernelcache.stores.disk import DiskStore
+    from kernelcache.stores.redis import RedisStore
+
+    tiers = [MemoryStore(), DiskStore(str(tmp_path / "d")), RedisStore("redis://127.0.0.1:1/0")]
+    cache = Cache(tiers, persist_stats=False)
+    assert cpp.runnable(cache).tiers == tiers[1:]
+    assert cpp.local(cache).tiers == tiers[1:2]
+    assert cpp.runnable(cache) is cpp.runnable(cache)
+
+
+def test_force_disable_caches_compiles_without_the_cache(
+    tmp_path: Path, inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._inductor import config
+
+    monkeypatch.setattr(config, "force_disable_caches", True)
+    calls: list[Any] = []
+
+    def compile_it(builder: Any) -> None:
+        calls.append(builder)
+        Path(builder.target).write_bytes(b"\x7fELF")
+
+    headers = cpp.LazyHeaders(lambda *a, **k: "", str(tmp_path / "h"))
+    hook = cpp.BuildHook(compile_it, lambda: pytest.fail("the cache was asked"), headers, "2.13.0")
+    builder = _builder(tmp_path / "a", SOURCE, inc=inc)
+    before = cpp.stats()["uncached"]
+    hook(builder)
+    assert calls == [builder]
+    assert cpp.stats()["uncached"] == before + 1
+
+
+def test_header_scans_are_remembered_until_a_header_changes(
+    inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # stats may vouch for files just written
+    header = inc / "h.h"
+    records: dict[str, bytes] = {}
+    memo = (records.get, records.__setitem__)
+    gxx = str(shutil.which("g++"))
+    text = '#include "h.h"\n'
+
+    def scan() -> tuple[str, int]:
+        scans = HeaderScans()  # a new process: nothing remembered in memory
+        return scans.digest(gxx, "g++ identity", [f"-I{inc}"], text, memo), scans.runs
+
+    first, runs = scan()
+    assert (runs, len(records)) == (1, 1)
+    assert scan() == (first, 0)
+    header.write_text("#define H 22\n")  # another size: a new signature at any clock
+    changed, runs = scan()
+    assert runs == 1
+    assert changed != first
+
+
+def test_dependencies_of_a_make_rule() -> None:
+    rule = "scan: /a/b.h \\\n /c/with\\ space.h -\n"
+    assert dependencies(rule) == ["/a/b.h", "/c/with space.h"]
