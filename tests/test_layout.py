@@ -45,7 +45,6 @@ CORE = (
     "kernelcache.stores.*",
     "kernelcache._fs",
     "kernelcache.fstype",
-    "kernelcache._memo",
     "kernelcache.units",
     "kernelcache.errors",
     "kernelcache._dirs",

@@ -1,5 +1,6 @@
 """TileLang's header-tree memo: used while the trees' stats hold, trusted only in a trusted
-directory, never written read-only (issue 19 item 8), and the key's shared fields derived once."""
+directory under trusted ancestors (``kernelcache._memos``, the one trust rule), never written
+read-only (issue 19 item 8), and the key's shared fields derived once."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 pytest.importorskip("tilelang")
 
-from kernelcache import _memo
+from kernelcache import _memos
 from kernelcache.tilelang import keys, trees
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -144,14 +145,16 @@ def test_read_only_writes_nothing(
     assert _memo_file(tmp_path).read_bytes() == before
 
 
-def test_read_only_values() -> None:
-    for text, expected in [("", False), ("0", False), ("off", False), (" No ", False),
-                           ("1", True), ("true", True), ("on", True), ("bogus", True)]:  # fmt: skip
-        os.environ["KERNELCACHE_READONLY"] = text
-        try:
-            assert _memo.read_only() is expected, text
-        finally:
-            del os.environ["KERNELCACHE_READONLY"]
+def test_read_only_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which KERNELCACHE_READONLY values keep memos (and their locks) from being written."""
+    for i, (text, read_only) in enumerate([("", False), ("0", False), ("off", False), (" No ", False),
+                           ("1", True), ("true", True), ("on", True), ("bogus", True)]):  # fmt: skip
+        monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / f"kc{i}"))
+        monkeypatch.setenv("KERNELCACHE_READONLY", text)
+        with _memos.exclusive("m.json") as locked:
+            assert locked is not read_only, text
+        assert _memos.save("m.json", {"a": 1}) is not read_only, text
+        assert (tmp_path / f"kc{i}").exists() is not read_only, text  # not even the directory
 
 
 @pytest.fixture
@@ -173,9 +176,42 @@ def test_another_user_cannot_plant_a_memo_through_a_shared_directory(public_dir:
     code = f"import json; open({str(planted)!r}, 'w').write({json.dumps(forged)!r})"
     subprocess.run([*NOBODY, sys.executable, "-c", code], check=True)
     assert planted.stat().st_uid == 65534
-    assert _memo.read(str(planted)) is None
-    assert _memo.write(str(shared / "other.json"), {"a": 1}) is False
-    assert not (shared / "other.json").exists()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KERNELCACHE_DIR", str(shared))
+        env.delenv("KERNELCACHE_READONLY", raising=False)
+        assert _memos.load(trees.TREE_MEMO) == {}
+        assert _memos.save("other.json", {"a": 1}) is False
+        with _memos.exclusive("other.json") as locked:
+            assert not locked
+    assert sorted(os.listdir(shared)) == [trees.TREE_MEMO]  # no memo, no lock file
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770], ids=["world-writable", "group-writable"])
+def test_an_ancestor_writable_by_others_refuses_the_memo(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    """The cache directory is ours and private, but its parent is not: whoever can write the
+    parent can swap the directory for theirs between check and use. The memo there is neither
+    read nor written (a check of the directory alone accepted it)."""
+    honest = trees.tree_fingerprint(str(tree))
+    memo_file = _memo_file(tmp_path)
+    _plant(memo_file, tree, "forged")
+    parent = tmp_path / "open"
+    parent.mkdir()
+    os.rename(memo_file.parent, parent / "kc")
+    memo_file = parent / "kc" / trees.TREE_MEMO
+    monkeypatch.setenv("KERNELCACHE_DIR", str(parent / "kc"))
+    assert trees.tree_fingerprint(str(tree)) == "forged"  # trusted while the parent is private
+    parent.chmod(mode)  # not sticky: others may rename entries they do not own
+    before, listed = memo_file.read_bytes(), sorted(os.listdir(memo_file.parent))
+    assert _memos.load(trees.TREE_MEMO) == {}
+    assert trees.tree_fingerprint(str(tree)) == honest  # the planted memo is not believed
+    (tree / "top.h").write_text('#include "cuda/common.h"\n// edited\n')
+    _age()
+    assert trees.tree_fingerprint(str(tree)) not in (honest, "forged")
+    assert _memos.save("other.json", {"a": 1}) is False
+    assert memo_file.read_bytes() == before  # nothing written under the open parent
+    assert sorted(os.listdir(memo_file.parent)) == listed  # no lock file either
 
 
 def test_shared_fields_are_hashed_once_per_process(

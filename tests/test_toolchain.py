@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,46 @@ def test_the_memo_helper_round_trips_in_a_trusted_directory(tmp_path: Path) -> N
     assert _memos.load("x.json") == {}
     (tmp_path / "cache" / "x.json").write_bytes(b"{" * (_memos.MAX_BYTES + 1))
     assert _memos.load("x.json") == {}
+
+
+def _try_lock_elsewhere(name: str) -> bool:
+    """Whether another process gets memo ``name``'s lock without waiting."""
+    code = (
+        "from kernelcache import _memos\n"
+        f"with _memos.exclusive({name!r}, timeout=0) as locked:\n"
+        "    print(locked)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return {"True": True, "False": False}[out.stdout.strip()]
+
+
+def test_the_memo_lock_excludes_other_processes_not_forked_children(tmp_path: Path) -> None:
+    from kernelcache import _memos
+
+    with _memos.exclusive("x.json") as locked:
+        assert locked
+        assert (tmp_path / "cache" / "x.json.lock").is_file()
+        assert _try_lock_elsewhere("x.json") is False  # held: the other process gives up
+        # A child forked while the lock is held closes its copy: it cannot keep the lock.
+        hold, release = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child
+            os.close(release)
+            os.read(hold, 1)
+            os._exit(0)
+    os.close(hold)
+    try:
+        assert _try_lock_elsewhere("x.json") is True  # released, though the child lives on
+    finally:
+        os.close(release)
+        os.waitpid(child, 0)
+
+
+def test_the_memo_lock_is_never_taken_through_a_link(tmp_path: Path) -> None:
+    from kernelcache import _memos
+
+    (tmp_path / "cache").mkdir(mode=0o700)
+    (tmp_path / "cache" / "x.json.lock").symlink_to(tmp_path / "elsewhere")
+    with _memos.exclusive("x.json") as locked:
+        assert not locked
+    assert not (tmp_path / "elsewhere").exists()

@@ -51,14 +51,17 @@ _open_fds: set[int] = set()
 _fds_lock = threading.Lock()
 
 
-def open_lock_fd(path: str) -> int:
+def open_lock_fd(path: str, opener: Callable[[str, int], int] | None = None) -> int:
     """Open (creating) a lock file; the descriptor is closed in forked children.
 
     Never through a symlink (``O_NOFOLLOW``: ``OSError`` with ``ELOOP``): a
     link planted at a lock file would make us create or lock files elsewhere.
+    ``opener(path, flags)`` opens it instead of ``os.open`` (as ``open()``'s
+    ``opener``): relative to a checked directory, say (:mod:`kernelcache._memos`).
     """
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     with _fds_lock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, flags, 0o600) if opener is None else opener(path, flags)
         _open_fds.add(fd)
     return fd
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache import _memo, toolchain
+from kernelcache import _memos, toolchain
 from kernelcache.keys import KeyBuilder
 from kernelcache.tilelang import trees
 
@@ -127,7 +127,7 @@ def prefetch() -> None:
 def _libraries_and_compilers() -> None:
     # Of processes starting together on an empty memo, one hashes ~100 MB of
     # libraries and probes the compilers; the others wait, then read its memo.
-    with _memo.exclusive(toolchain.memo_path()):
+    with _memos.exclusive(toolchain.MEMO_FILE):
         library_stamp()
         compilers("tvm_ffi")
 

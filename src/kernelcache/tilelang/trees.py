@@ -4,7 +4,7 @@ TileLang gives nvcc ``-I`` its template folder and CUTLASS's include folder:
 ~1,200 files, ~33 MB. Hashing them costs ~60 ms of CPU; one ``scandir`` walk
 with a ``stat`` per file costs ~8 ms. So a tree's content fingerprint is
 memoised in ``<cache dir>/tilelang-header-trees.json`` under a digest of its
-files' stat signatures, as the toolchain probes are (``kernelcache._memo``:
+files' stat signatures, as the toolchain probes are (``kernelcache._memos``:
 read only from a trusted directory, never written read-only), and a file
 changed within the timestamp granularity keeps its tree out of the memo
 (``_fs.too_new``, ccache's rule). Per process, a tree is fingerprinted once.
@@ -16,16 +16,11 @@ import hashlib
 import os
 import time
 
-from kernelcache import _fs, _memo, fingerprint
-from kernelcache._dirs import cache_dir
+from kernelcache import _fs, _memos, fingerprint
 
 #: The memo file under the cache directory.
 TREE_MEMO = "tilelang-header-trees.json"
 _MEMO_VERSION = 2  # 2: {"version", "trees": {folder: {"sig", "digest"}}}
-
-
-def memo_path() -> str:
-    return os.path.join(cache_dir(), TREE_MEMO)
 
 
 def listing(folder: str) -> tuple[list[str], str, bool]:
@@ -57,30 +52,29 @@ def tree_fingerprint(folder: str) -> str:
     (``fingerprint.files``), from the memo while every file's stat is unchanged.
 
     Of processes missing the memo at once, one hashes and the others wait for
-    its memo (``_memo.exclusive``). Not memoised in process here:
+    its memo (``_memos.exclusive``). Not memoised in process here:
     :func:`kernelcache.tilelang.keys.headers` is.
     """
     paths, signature, trusted = listing(folder)
-    path = memo_path()
-    known = _known(_memo.read(path), folder, signature)
+    known = _known(_memos.load(TREE_MEMO), folder, signature)
     if known is not None:
         return known
-    with _memo.exclusive(path):
-        memo = _memo.read(path)
+    with _memos.exclusive(TREE_MEMO):
+        memo = _memos.load(TREE_MEMO)
         known = _known(memo, folder, signature)
         if known is not None:
             return known  # another process hashed it while we waited
         digest = fingerprint.files(paths, root=folder)
         HASHED.append(folder)
         if trusted:
-            if memo is None or memo.get("version") != _MEMO_VERSION:
+            if memo.get("version") != _MEMO_VERSION:
                 memo = {"version": _MEMO_VERSION}
             trees = memo.get("trees")
             memo["trees"] = {
                 **(trees if isinstance(trees, dict) else {}),
                 folder: {"sig": signature, "digest": digest},
             }
-            _memo.write(path, memo)
+            _memos.save(TREE_MEMO, memo)
     return digest
 
 
@@ -88,8 +82,8 @@ def tree_fingerprint(folder: str) -> str:
 HASHED: list[str] = []
 
 
-def _known(memo: dict[str, object] | None, folder: str, signature: str) -> str | None:
-    if memo is None or memo.get("version") != _MEMO_VERSION:
+def _known(memo: dict[str, object], folder: str, signature: str) -> str | None:
+    if memo.get("version") != _MEMO_VERSION:
         return None
     trees = memo.get("trees")
     known = trees.get(folder) if isinstance(trees, dict) else None
