@@ -60,11 +60,24 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
             tally.add(size, 1)
             discard(tmp)
             return
-        # An empty file is no entry (a lookup's probe): not counted, so replacing it adds one.
-        old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
+        old, new = replaced(st)
+    replace_counted(tally, tmp, path, size, old, new)
+
+
+def replaced(st: os.stat_result) -> tuple[int, int]:
+    """What replacing the file ``st`` changes in the counter besides the new entry's size:
+    ``(bytes it held, entries added)``. An empty file is no entry (a lookup's probe): not
+    counted, so replacing it adds one."""
+    return (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
+
+
+def replace_counted(tally: Tally, tmp: str, path: str, size: int, old: int, new: int) -> None:
+    """``os.replace(tmp, path)`` with the counter kept: growth is counted before the rename
+    and shrinkage after it, so a crash in between leaves the counter high, never low."""
     grows = max(size - old, 0)
     tally.add(grows, new)
     try:
+        # Atomic within one file system: readers see the old entry or the new.
         os.replace(tmp, path)
     except BaseException:
         tally.add(-grows, -new)

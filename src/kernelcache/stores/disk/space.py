@@ -46,7 +46,7 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
-from kernelcache.stores.disk.netpublish import link_in
+from kernelcache.stores.disk.netpublish import link_in, replace_counted, replaced
 from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
@@ -168,22 +168,10 @@ class Space:
                 self.clean(tally)
                 return
             try:
-                st = os.lstat(path)
-                old, new = (st.st_size, 0) if stat.S_ISREG(st.st_mode) and st.st_size else (0, 1)
+                old, new = replaced(os.lstat(path))
             except FileNotFoundError:
                 old, new = 0, 1
-            # Growth is counted before the rename and shrinkage after it: a crash
-            # in between leaves the counter high, never low.
-            grows = max(size - old, 0)
-            tally.add(grows, new)
-            try:
-                # Atomic within one file system: readers see the old entry or the new.
-                os.replace(tmp, path)
-            except BaseException:
-                tally.add(-grows, -new)
-                raise
-            if size < old:
-                tally.add(size - old, 0)
+            replace_counted(tally, tmp, path, size, old, new)
             self.clean(tally)
 
     def remove(self, key: str, expect_ino: int | None = None) -> bool:
