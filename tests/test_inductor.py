@@ -147,6 +147,9 @@ def _plant(remote: str, marker: Path) -> int:
     store = RedisStore(remote)  # no secret: unsigned values
     planted = 0
     for key in list(store.keys()):
+        # Whoever can write to the team's Redis can delete a signed entry first (a keyless
+        # client never replaces one, issue 20): only the readers' rule keeps the payload out.
+        store.delete(key)
         store.put(key, value)
         planted += 1
     store.close()
