@@ -209,11 +209,22 @@ class Space:
         """Open ``key``'s entry with ``O_CREAT`` (see ``DiskStore._revalidate``): the server
         answers, so a name this node saw absent is looked up afresh. The empty file made
         when there is no entry is removed again at once. Under the lock: no recount or
-        publish ever sees it (it is never counted)."""
+        publish ever sees it (it is never counted).
+
+        Exclusive first: a name this node still caches as another leader's probe file
+        (removed since, an entry published there after) would be opened as that empty
+        file, and removing "our" file would take the entry. No client trusts a cached
+        name for an exclusive create (FUSE looks it up again, NFS asks the server).
+        """
         path = self.layout.entry_path(key)
         flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
         with self.locked():
-            fd = os.open(path, flags, 0o600)
+            try:
+                fd = os.open(path, flags | os.O_EXCL, 0o600)
+            except FileExistsError:
+                # Taken on the server, and looked up afresh here: open what it is now
+                # (an NFS client that kept its "no such file" learns the file from this open).
+                fd = os.open(path, flags, 0o600)
             try:
                 st = os.fstat(fd)
             finally:

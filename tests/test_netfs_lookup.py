@@ -1,0 +1,62 @@
+"""The leader's look after the lease sees another node's entry, whatever this node cached (issue 22).
+
+A waiter on node b takes the key's lease after node a published the entry;
+its lookup must find that entry, although b cached the name earlier, for as
+long as an NFS client does (``actimeo``, ``lookupcache``): absent, or naming
+the empty file of another leader's lookup probe (``DiskStore._revalidate``),
+removed since. These are the deterministic cases of the stampede in
+tests/test_netfs_modes.py (its attr-lag mode met the second once, as two
+compiles of one key).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kernelcache import Cache, Entry
+from kernelcache.stores import DiskStore
+from netfs import Faults, NetFS
+
+KEY = "ab" * 32
+DATA = b"published by node a"
+
+
+def _backing(fs: NetFS, path: str) -> Path:
+    """``path`` under node a's mount, as the backing directory holds it."""
+    return fs.backing / os.path.relpath(path, fs.nodes[0].path)
+
+
+@pytest.mark.parametrize("seen", ["absent", "probe-file"])
+def test_a_lease_holder_finds_the_entry_another_node_published(
+    two_nodes: Callable[..., NetFS], seen: str
+) -> None:
+    # Names and attributes trusted for a minute: far longer than the test runs.
+    fs = two_nodes("shared", Faults(attr_timeout_ms=60_000))
+    a = DiskStore(fs.nodes[0].path / "cache")
+    b = DiskStore(fs.nodes[1].path / "cache")
+    assert a.filesystem.network  # leases and the lookup probe: the network code path
+    assert b.filesystem.network
+    entry_file = _backing(fs, a.layout.entry_path(KEY))
+    if seen == "probe-file":
+        entry_file.write_bytes(b"")  # another leader's probe, as node b sees it in passing
+    assert b.get(KEY) is None  # node b caches the name: absent, or the empty file
+    entry_file.unlink(missing_ok=True)  # the probe is over
+    a.put(KEY, Entry({"x": DATA}))
+    cache = Cache([b], persist_stats=False)
+    compiled: list[int] = []
+
+    def compile_again() -> Entry:
+        compiled.append(1)
+        return Entry({"x": b"compiled again on node b"})
+
+    got = cache.get_or_compile(KEY, compile_again)
+    assert compiled == []
+    assert got["x"] == DATA
+    assert entry_file.stat().st_size > 0  # the entry is still there, on the server
+    assert a.get(KEY) is not None
+    a.close()
+    b.close()
