@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pytest
 
 import netfs_stress as st
+import netfs_worker as worker
 from netfs import NO_FAULTS, NetFS
 
 # Fewer keys and calls than the benchmark (50 keys, 256 KiB): 12 keys of 4-11 KiB
@@ -52,3 +53,20 @@ def test_kernelcache_holds_on_a_network_filesystem(
         assert CAP // 2 <= stored <= CAP + SLACK, figures
     if not mode.random:
         assert result.max_per_key == 1, figures
+
+
+def test_a_worker_whose_cache_fails_to_open_still_releases_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its peers wait at the stampede barrier for every process: one that cannot open its
+    cache (diskcache's SQLite file, corrupted by the other node) must pass it too, or they
+    wait out the barrier's 120 s (the benchmark's smoke run took 2 minutes so)."""
+
+    def refuse(path: str, cap: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setitem(worker.KINDS, "refusing", refuse)
+    through: list[int] = []
+    report = worker.run("refusing", "unused", 1, 1, 0, 0, 0.0, lambda: through.append(1))
+    assert through == [1]
+    assert report["escaped"] == {"OSError: Input/output error": 1}
