@@ -46,17 +46,37 @@ def test_a_lease_holder_finds_the_entry_another_node_published(
     assert b.get(KEY) is None  # node b caches the name: absent, or the empty file
     entry_file.unlink(missing_ok=True)  # the probe is over
     a.put(KEY, Entry({"x": DATA}))
-    cache = Cache([b], persist_stats=False)
-    compiled: list[int] = []
-
-    def compile_again() -> Entry:
-        compiled.append(1)
-        return Entry({"x": b"compiled again on node b"})
-
-    got = cache.get_or_compile(KEY, compile_again)
+    compiled: list[bytes] = []
+    got = _get_or_compile(b, compiled)
     assert compiled == []
-    assert got["x"] == DATA
+    assert got == DATA
     assert entry_file.stat().st_size > 0  # the entry is still there, on the server
-    assert a.get(KEY) is not None
+    assert b.stats()["errors"] == 0
     a.close()
     b.close()
+
+
+def test_a_lease_holder_that_finds_no_entry_compiles_once_and_leaves_no_probe_file(
+    two_nodes: Callable[..., NetFS],
+) -> None:
+    fs = two_nodes("shared", Faults(attr_timeout_ms=60_000))
+    b = DiskStore(fs.nodes[1].path / "cache")
+    entry_file = _backing(fs, b.layout.entry_path(KEY))
+    b.space.probe(KEY)  # nothing there: the file it made is gone again
+    assert not entry_file.exists()
+    compiled: list[bytes] = []
+    assert _get_or_compile(b, compiled) == b"compiled on node b"
+    assert compiled == [b"compiled on node b"]
+    assert entry_file.stat().st_size > 0
+    assert b.usage() == (1, entry_file.stat().st_size)  # the probe's file was never counted
+    b.close()
+
+
+def _get_or_compile(store: DiskStore, compiled: list[bytes]) -> bytes:
+    """``Cache.get_or_compile`` over ``store`` alone; each compile appended to ``compiled``."""
+
+    def compile_fn() -> Entry:
+        compiled.append(b"compiled on node b")
+        return Entry({"x": compiled[-1]})
+
+    return Cache([store], persist_stats=False).get_or_compile(KEY, compile_fn)["x"]
