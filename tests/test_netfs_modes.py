@@ -5,8 +5,10 @@ eviction (tests/netfs_stress.py). In every mode: no wrong bytes, no exception
 reaches the caller, no process hangs, ``kernelcache verify`` is clean. Where
 the faults are not random: the tier within its cap and holding most of it,
 and one compile per key across both nodes (under attribute caching too: a
-node's cached "no such file" must not hide the other node's entry). The same figures for the issue's sizes,
-and for Triton's and diskcache's caches: benchmarks/bench_netfs.py.
+node's cached name, absent or another leader's probe file, must not hide the
+other node's entry; the deterministic cases: tests/test_netfs_lookup.py). The
+same figures for the issue's sizes, and for Triton's and diskcache's caches:
+benchmarks/bench_netfs.py.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from netfs import NO_FAULTS, NetFS
 KEYS, OPS, CAP = 12, 20, 40 * 1024
 #: Bytes over the cap that a tier may hold (eviction runs after the put that crosses it).
 SLACK = 16 * 1024
-TEST_MODES = [m for m in st.MODES if m.name != "latency"]  # latency: the benchmark's hit costs
+#: Not here: latency (the benchmark's hit costs) and coherent. On a network filesystem
+#: the disk tier takes leases, never flock, so coherent (flock spans the nodes) and
+#: flock-local differ only in the statistics file's lock, which no assertion here
+#: looks at; the faulty one of the two stays. The benchmark runs every mode.
+TEST_MODES = [m for m in st.MODES if m.name not in ("latency", "coherent")]
 
 
 @pytest.mark.slow
