@@ -6,7 +6,8 @@ long as an NFS client does (``actimeo``, ``lookupcache``): absent, or naming
 the empty file of another leader's lookup probe (``DiskStore._revalidate``),
 removed since. These are the deterministic cases of the stampede in
 tests/test_netfs_modes.py (its attr-lag mode met the second once, as two
-compiles of one key).
+compiles of one key). The same stale name misled a removal's inode check
+(eviction): it took the entry that another node had put in place since.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from kernelcache import Cache, Entry
 from kernelcache.stores import DiskStore
+from kernelcache.stores.disk.netpublish import lstat_fresh
 from netfs import Faults, NetFS
 
 KEY = "ab" * 32
@@ -80,3 +82,33 @@ def _get_or_compile(store: DiskStore, compiled: list[bytes]) -> bytes:
         return Entry({"x": compiled[-1]})
 
     return Cache([store], persist_stats=False).get_or_compile(KEY, compile_fn)["x"]
+
+
+def test_a_removal_judged_on_a_cached_name_spares_the_entry_that_replaced_it(
+    two_nodes: Callable[..., NetFS],
+) -> None:
+    """Eviction on node b chose the entry it knows (its inode); node a has replaced it
+    since. The rename into staging takes whatever the name holds on the server, so the
+    inode check must look at that file, not at what b's name cache still says."""
+    fs = two_nodes("shared", Faults(attr_timeout_ms=60_000))
+    a = DiskStore(fs.nodes[0].path / "cache")
+    b = DiskStore(fs.nodes[1].path / "cache")
+    a.put(KEY, Entry({"x": b"first"}))
+    old = b.info(KEY)  # node b caches the name: the first entry
+    assert old is not None
+    a.put(KEY, Entry({"x": DATA}))  # replaced on node a (same size or not: a new file)
+    assert not b.remove_if_unchanged(old)
+    entry_file = _backing(fs, a.layout.entry_path(KEY))
+    assert entry_file.stat().st_size > 0
+    assert a.get(KEY) is not None
+    assert a.usage() == (1, entry_file.stat().st_size)
+    a.close()
+    b.close()
+
+
+def test_lstat_fresh_of_a_missing_name_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        lstat_fresh(str(tmp_path / "gone"))
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "there").write_bytes(b"12")
+    assert lstat_fresh(str(tmp_path / "there")).st_size == 2

@@ -64,6 +64,23 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
     replace_counted(tally, tmp, path, size, old, new)
 
 
+def lstat_fresh(path: str) -> os.stat_result:
+    """``lstat`` of ``path`` as the server has it, where this node may cache the name stale
+    (a rename carries the cached name along: a file renamed away by its name may be
+    another node's newer file, yet ``lstat`` of the new name shows the one cached). An
+    exclusive create is never answered from that cache (FUSE and NFS look the name up
+    again), so once it fails with ``EEXIST`` the name is current here."""
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+    except FileExistsError:
+        return os.lstat(path)
+    os.close(fd)  # nothing was there: ours, made just now
+    os.unlink(path)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
 def replaced(st: os.stat_result) -> tuple[int, int]:
     """What replacing the file ``st`` changes in the counter besides the new entry's size:
     ``(bytes it held, entries added)``. An empty file is no entry (a lookup's probe): not

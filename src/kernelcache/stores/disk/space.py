@@ -46,7 +46,7 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
-from kernelcache.stores.disk.netpublish import link_in, replace_counted, replaced
+from kernelcache.stores.disk.netpublish import link_in, lstat_fresh, replace_counted, replaced
 from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
@@ -193,7 +193,9 @@ class Space:
         except FileNotFoundError:
             return False
         self._doomed.append(trash)
-        st = os.lstat(trash)
+        # On a network filesystem the rename took the server's file, which this node's
+        # name cache may not know yet (another node replaced the entry): ask the server.
+        st = lstat_fresh(trash) if self.lock.network else os.lstat(trash)
         if not stat.S_ISREG(st.st_mode):
             self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
             return False
