@@ -27,8 +27,7 @@ such pid), or when the record has not changed for ``lease`` seconds on the
 waiter's own monotonic clock: no clocks are compared across nodes.
 
 Takeover and release never unlink a name blindly: the file is first renamed
-to a private name (atomic on the server), read (after :func:`refresh`: the
-node's cached name may still show the dead file), and removed only if it is
+to a private name (atomic on the server), read, and removed only if it is
 the record that was judged dead (or our own); a live one taken by mistake is
 linked back. So a slow holder whose lease expired loses it, and learns so
 (:attr:`LeaseLock.lost`), but never removes its successor's lock.
@@ -314,9 +313,6 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
     except FileNotFoundError:
         return False
     try:
-        # The server moved what the name holds now, maybe a lease taken since; this
-        # node's cached name moved along may still show the one judged dead.
-        refresh(private)
         if accept(read_record(private)):
             return True
         with contextlib.suppress(FileExistsError):
@@ -325,20 +321,3 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(private)
-
-
-def refresh(path: str) -> bool:
-    """Make this node's cached name ``path`` current (a network filesystem's client may
-    cache it, absent or naming a file since replaced); whether it exists.
-
-    An exclusive create is never answered from that cache: FUSE and NFS look the name up
-    again, and it fails with ``EEXIST`` where the server has it. Where it succeeds, the
-    name was free: the empty file made is removed again.
-    """
-    try:
-        fd = os.open(path, _CREATE, 0o600)
-    except FileExistsError:
-        return True
-    os.close(fd)
-    os.unlink(path)
-    return False
