@@ -64,7 +64,7 @@ def stress_rows(
         for kind in kinds:
             folder = Path(tempfile.mkdtemp(prefix=f"{mode.name}-{kind}-", dir=root))
             with netfs.mounted(folder, mode.flock, mode.faults) as fs:
-                result = st.stress(fs, kind, "cache", procs=4, **size, timeout=300)
+                result = st.stress(fs, kind, "cache", **size, timeout=300)
                 for node in fs.nodes:
                     node.set(netfs.NO_FAULTS)
                 verified = "n/a"
@@ -203,7 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="fewer calls per process (a few minutes)"
     )
-    parser.add_argument("--smoke", action="store_true", help="one mode, a few calls (tests)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one mode, one process per node, a few calls (the smoke test: seconds)",
+    )
     parser.add_argument("--modes", help="comma-separated modes (default: all)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -212,13 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(reason, file=sys.stderr)
         return 2
     modes = [st.BY_NAME[m] for m in args.modes.split(",")] if args.modes else list(st.MODES)
-    size = {"keys": 50, "ops": 100, "cap": 256 * 1024}
+    size = {"procs": 4, "keys": 50, "ops": 100, "cap": 256 * 1024}
     if args.quick:
         size["ops"] = 30
     if args.smoke:
         modes, size = (
             modes[:1] if args.modes else [st.BY_NAME["flock-local"]],
-            {"keys": 6, "ops": 4, "cap": 256 * 1024},
+            {"procs": 1, "keys": 4, "ops": 2, "cap": 256 * 1024},
         )
     kinds = [k for k in KINDS if available(k) is None]
     for kind in sorted(set(KINDS) - set(kinds)):

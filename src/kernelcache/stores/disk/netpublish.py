@@ -7,10 +7,15 @@ cache to bring a phantom total under the cap (issue 22 measured 3 entries
 left, a 38 % hit rate, at 1 s of attribute caching). ``link()`` asks the
 server whether the name is taken; only a name that is taken is opened
 (``open`` revalidates: close-to-open) to learn the size it replaces.
+
+The same cache must not decide the lease holder's lookup (:func:`probe`) nor
+which file a removal took (:func:`lstat_fresh`): both begin with an exclusive
+create, which no client answers from its cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -62,6 +67,57 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
             return
         old, new = replaced(st)
     replace_counted(tally, tmp, path, size, old, new)
+
+
+def lstat_fresh(path: str) -> os.stat_result:
+    """``lstat`` of ``path`` as the server has it, where this node may cache the name stale
+    (a rename carries the cached name along: a file renamed away by its name may be
+    another node's newer file, yet ``lstat`` of the new name shows the one cached). An
+    exclusive create is never answered from that cache (FUSE and NFS look the name up
+    again), so once it fails with ``EEXIST`` the name is current here."""
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+    except FileExistsError:
+        return os.lstat(path)
+    os.close(fd)  # nothing was there: ours, made just now
+    os.unlink(path)
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+
+
+def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> None:
+    """Open the entry ``path`` with ``O_CREAT``: the server answers, so a name this node saw
+    absent is looked up afresh. The empty file made when there is no entry is renamed to
+    ``trash()`` and handed to ``doom`` (deleted after the lock).
+
+    Exclusive first: a name this node still caches as another leader's probe file
+    (removed since, an entry published there after) would be opened as that empty
+    file, and removing "our" file would take the entry. No client trusts a cached
+    name for an exclusive create (FUSE looks it up again, NFS asks the server).
+    """
+    flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_EXCL, 0o600)
+    except FileExistsError:
+        # Taken on the server, and looked up afresh here: open what it is now
+        # (an NFS client that kept its "no such file" learns the file from this open).
+        fd = os.open(path, flags, 0o600)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_size:
+        return  # the entry: this node sees it now
+    staged = trash()
+    try:
+        os.rename(path, staged)
+    except FileNotFoundError:
+        return
+    doom(staged)
+    if os.lstat(staged).st_ino != st.st_ino:  # not ours after all: put back
+        with contextlib.suppress(FileExistsError):
+            os.link(staged, path)
 
 
 def replaced(st: os.stat_result) -> tuple[int, int]:

@@ -46,7 +46,13 @@ from kernelcache.stores.disk.layout import (
     tree_size,
 )
 from kernelcache.stores.disk.lru import Queues
-from kernelcache.stores.disk.netpublish import link_in, replace_counted, replaced
+from kernelcache.stores.disk.netpublish import (
+    link_in,
+    lstat_fresh,
+    probe,
+    replace_counted,
+    replaced,
+)
 from kernelcache.stores.disk.tierlock import TierLock
 
 if TYPE_CHECKING:
@@ -193,7 +199,9 @@ class Space:
         except FileNotFoundError:
             return False
         self._doomed.append(trash)
-        st = os.lstat(trash)
+        # On a network filesystem the rename took the server's file, which this node's
+        # name cache may not know yet (another node replaced the entry): ask the server.
+        st = lstat_fresh(trash) if self.lock.network else os.lstat(trash)
         if not stat.S_ISREG(st.st_mode):
             self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
             return False
@@ -206,29 +214,11 @@ class Space:
         return True
 
     def probe(self, key: str) -> None:
-        """Open ``key``'s entry with ``O_CREAT`` (see ``DiskStore._revalidate``): the server
-        answers, so a name this node saw absent is looked up afresh. The empty file made
-        when there is no entry is removed again at once. Under the lock: no recount or
-        publish ever sees it (it is never counted)."""
-        path = self.layout.entry_path(key)
-        flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        """Make this node see ``key``'s entry as the server has it (``DiskStore._revalidate``,
+        :func:`.netpublish.probe`). Under the lock: no recount or publish ever sees the
+        empty file it may make (never counted)."""
         with self.locked():
-            fd = os.open(path, flags, 0o600)
-            try:
-                st = os.fstat(fd)
-            finally:
-                os.close(fd)
-            if st.st_size:
-                return  # the entry: this node sees it now
-            trash = self.layout.trash()
-            try:
-                os.rename(path, trash)
-            except FileNotFoundError:
-                return
-            self._doomed.append(trash)
-            if os.lstat(trash).st_ino != st.st_ino:  # not ours after all: put back
-                with contextlib.suppress(FileExistsError):
-                    os.link(trash, path)
+            probe(self.layout.entry_path(key), self.layout.trash, self._doomed.append)
 
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
