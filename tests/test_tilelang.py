@@ -197,3 +197,70 @@ def test_disable_cache_env_still_compiles_without_any_cache(
     assert not (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").exists() or not list(
         (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce")
     )
+
+
+def _manifests(env: dict[str, str], delete: bool = False) -> list[dict[str, Any]]:
+    """The variants of every header manifest in the test's cache (removed with ``delete``)."""
+    import json
+
+    from kernelcache.cache import Cache
+    from kernelcache.nvcc.deps import MANIFEST
+    from kernelcache.settings import Settings
+
+    cache = Cache(settings=Settings.load({"KERNELCACHE_DIR": env["KERNELCACHE_DIR"]}))
+    found = []
+    for key in list(cache.tiers[-1].keys()):
+        entry = cache.get(key)
+        if entry is not None and MANIFEST in entry:
+            found += json.loads(entry[MANIFEST])
+            if delete:
+                cache.delete(key)
+    return found
+
+
+def test_header_manifest_hits_without_the_walk_and_misses_on_what_the_kernel_read(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 23: a fresh process checks the headers the compile read (nvcc's own
+    preprocessor runs say which), not the whole trees. An edit of a header the
+    kernel did not read now hits; an edit of one it read, or a header created
+    earlier in the search path, misses."""
+    templates, cutlass = tmp_path / "tl" / "src", tmp_path / "cutlass" / "include"
+    for label, copy in (("templates", templates), ("cutlass", cutlass)):
+        shutil.copytree(str(keys.headers_folder(label)), copy, symlinks=True)
+    env = {**dsl_env, "TL_TEMPLATE_PATH": str(templates), "TL_CUTLASS_PATH": str(cutlass)}
+    hit = {"hits": 1, "misses": 0, "compiles": 0}
+
+    run(env, "add", "tvm_ffi")
+    [variant] = _manifests(env)  # recorded before the compiling process exited
+    read = {os.path.normpath(row[0]) for row in variant["deps"]}
+    common = templates / "tl_templates" / "cuda" / "common.h"
+    numeric = cutlass / "cutlass" / "numeric_types.h"
+    assert {str(common), str(numeric)} <= read
+    first = run(env, "add", "tvm_ffi")
+    assert first["stats"] == {**first["stats"], **hit, "manifest_hits": 1}
+
+    # An entry without its manifest (an older cache): hit by the walk, which records it.
+    _manifests(env, delete=True)
+    walked = run(env, "add", "tvm_ffi")
+    assert walked["stats"] == {**walked["stats"], **hit, "manifest_hits": 0}
+    assert len(_manifests(env)) == 1
+
+    # A header under the trees that the kernel did not read, edited: still a hit.
+    unrelated = cutlass / "cutlass" / "gemm" / "device" / "gemm.h"
+    assert str(unrelated) not in read
+    unrelated.write_text(unrelated.read_text() + "\n// edited\n")
+    again = run(env, "add", "tvm_ffi")
+    assert again["stats"] == {**again["stats"], **hit, "manifest_hits": 1}
+    assert len(toolkit.compiles()) == 1
+
+    # A header created in an earlier -I folder, shadowing one the kernel read: a miss.
+    (templates / "cutlass").mkdir()
+    (templates / "cutlass" / "numeric_types.h").write_text(numeric.read_text() + "\n// shadow\n")
+    assert run(env, "add", "tvm_ffi")["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 2
+
+    # A header the kernel read, edited: a miss.
+    common.write_text(common.read_text() + "\n// edited\n")
+    assert run(env, "add", "tvm_ffi")["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 3
