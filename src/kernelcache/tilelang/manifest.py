@@ -89,13 +89,13 @@ def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         calls = getattr(_capture, "calls", None)
         if calls is not None:
-            calls.append(_call(code, target_format, arch, options))
+            calls.append(describe_call(code, target_format, arch, options))
         return original(code, target_format, arch, options, path_target, verbose)
 
     return compile_cuda
 
 
-def _call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
+def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
     """The call as entry meta, or ``None`` when its flags are not all known here."""
     if isinstance(options, str):
         options = [options]
@@ -231,7 +231,8 @@ def _dirs_unchanged(rows: list[list[Any]]) -> bool:
 
 # --- recording ---------------------------------------------------------------
 
-_recording: list[threading.Thread] = []
+#: Threads recording manifests (:func:`record_later`), for :func:`wait`.
+RECORDING: list[threading.Thread] = []
 
 
 def record_later(cache: Cache, pre: str, key: str, entry: Entry, started_ns: int) -> None:
@@ -244,13 +245,13 @@ def record_later(cache: Cache, pre: str, key: str, entry: Entry, started_ns: int
         args=(cache, pre, key, entry, call, started_ns),
         name="kernelcache-tilelang-manifest",
     )
-    _recording[:] = [t for t in _recording if t.is_alive()] + [thread]
+    RECORDING[:] = [t for t in RECORDING if t.is_alive()] + [thread]
     thread.start()
 
 
 def wait() -> None:
     """Wait for the manifests being recorded (tests, benchmarks)."""
-    for thread in list(_recording):
+    for thread in list(RECORDING):
         thread.join()
 
 
@@ -273,7 +274,7 @@ def record(
     if read is None or not roots:
         return False
     recorded = deps.record([p for p in read if _inside(p, roots)], None, started_ns)
-    dirs = _watch(roots, started_ns)
+    dirs = watch(roots, started_ns)
     if recorded is None or dirs is None:
         return False  # a header changed while the key was derived: no vouching for it
     try:
@@ -285,7 +286,7 @@ def record(
     return True
 
 
-def _watch(roots: list[str], started_ns: int) -> list[list[Any]] | None:
+def watch(roots: list[str], started_ns: int) -> list[list[Any]] | None:
     """``[folder, signature, names digest]`` of every directory of the trees (links not followed)."""
     out: list[list[Any]] = []
     now = time.time_ns()
