@@ -131,3 +131,16 @@ def test_only_one_known_nvcc_call_is_kept_as_meta() -> None:
     assert manifest.meta([call, call]) == {}  # two compiles: which one did the kernel use?
     assert manifest.describe_call("code", "cubin", None, []) is None  # arch from the current target
     assert manifest.meta([None]) == {}
+
+
+def test_a_header_linked_out_of_the_trees_keeps_the_kernel_off_the_manifest(
+    tree: Path, tmp_path: Path
+) -> None:
+    """Recorded paths are real paths under the trees: a file read through a link that
+    leaves them would go unchecked, so no manifest is recorded for that compile."""
+    (tmp_path / "outside.h").write_text("\n")
+    (tree / "linked.h").symlink_to(tmp_path / "outside.h")
+    roots = [str(tree)]
+    inside = [str(tree / "cuda" / ".." / "top.h"), "/usr/include/stdio.h"]
+    assert manifest.tree_files(inside, roots) == [str(tree / "top.h")]
+    assert manifest.tree_files([*inside, str(tree / "linked.h")], roots) is None

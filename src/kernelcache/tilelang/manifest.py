@@ -133,10 +133,28 @@ def _roots() -> list[str]:
 
 
 def _inside(path: object, roots: list[str], itself: bool = False) -> bool:
-    if not isinstance(path, str) or not os.path.isabs(path):
+    """Whether ``path`` is a normalized absolute path under one of ``roots`` (real paths).
+
+    Recorded paths are real paths (:func:`record`): no ``.``, ``..`` or ``//``
+    to normalize, so a string test suffices on the hit path."""
+    if type(path) is not str or "//" in path or "/./" in path or "/../" in path:
         return False
-    path = os.path.normpath(path)
+    if path.endswith(("/.", "/..")):
+        return False
     return any(path.startswith(root + os.sep) or (itself and path == root) for root in roots)
+
+
+def tree_files(read: list[str], roots: list[str]) -> list[str] | None:
+    """The real paths of the files under the trees among ``read``; ``None`` when one
+    named under a tree is really elsewhere (a link out: it would go unchecked)."""
+    out = []
+    for path in read:
+        real = os.path.realpath(path)
+        if _inside(real, roots):
+            out.append(real)
+        elif _inside(os.path.normpath(os.path.abspath(path)), roots):
+            return None
+    return out
 
 
 # --- lookup ------------------------------------------------------------------
@@ -273,7 +291,10 @@ def record(
     roots = _roots()
     if read is None or not roots:
         return False
-    recorded = deps.record([p for p in read if _inside(p, roots)], None, started_ns)
+    files = tree_files(read, roots)
+    if files is None:
+        return False
+    recorded = deps.record(files, None, started_ns)
     dirs = watch(roots, started_ns)
     if recorded is None or dirs is None:
         return False  # a header changed while the key was derived: no vouching for it
