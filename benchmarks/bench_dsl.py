@@ -129,6 +129,9 @@ def cold_warm(toolkit: Toolkit, root: Path, dsl: str, args: Any, upstream: bool)
         "cold_cpu_s": cold["cpu_s"],
         "warm_s": warm["seconds"],
         "warm_cpu_s": warm["cpu_s"],
+        # The header manifest's recording (nvcc's preprocessor runs), after the compile call.
+        "manifest_cpu_s": cold.get("manifest_cpu_s"),
+        "warm_via_manifest": warm.get("stats", {}).get("manifest_hits"),
         "cold_nvcc": cold_runs,
         "warm_nvcc": len(toolkit.compiles()) - cold_runs,
     }

@@ -114,20 +114,37 @@ def test_a_manifest_without_its_artifact_is_skipped_and_counted(tree: Path) -> N
     assert _find(cache) == (None, 1)
 
 
-def test_read_only_records_no_manifest(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KERNELCACHE_READONLY", "1")
+def _later(monkeypatch: pytest.MonkeyPatch, compiled: bool, age_ns: int) -> list[Any]:
+    """The manifests record_later() recorded (``record`` stubbed: no nvcc)."""
+    recorded: list[Any] = []
     monkeypatch.setattr(manifest, "RECORDING", [])
-    call = {"format": "cubin", "arch": [], "options": [], "code": "c" * 64}
+    monkeypatch.setattr(manifest, "record", lambda *args: recorded.append(args))
+    call: dict[str, Any] = {"format": "cubin", "arch": [], "options": [], "code": "c" * 64}
+    call["compiled_ns"] = time.time_ns() - age_ns
     entry = Entry({"k.cu": b"x"}, meta={manifest.CALL_META: call, "device_source": "k.cu"})
-    manifest.record_later(Cache(), PRE, RESULT, entry, time.time_ns())
-    assert manifest.RECORDING == []
+    manifest.record_later(Cache(), PRE, RESULT, entry, time.time_ns(), compiled=compiled)
+    manifest.wait()
+    return recorded
+
+
+def test_who_records_a_manifest(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiling process; a process that found an older entry by the walk; not the
+    processes that waited for a fresh compile (its compiler records it)."""
+    assert len(_later(monkeypatch, compiled=True, age_ns=0)) == 1
+    assert len(_later(monkeypatch, compiled=False, age_ns=2 * manifest.FRESH_NS)) == 1
+    assert _later(monkeypatch, compiled=False, age_ns=0) == []
+    monkeypatch.setenv("KERNELCACHE_READONLY", "1")
+    assert _later(monkeypatch, compiled=True, age_ns=0) == []
 
 
 def test_only_one_known_nvcc_call_is_kept_as_meta() -> None:
     call = manifest.describe_call("code", "cubin", ["-arch=sm_90"], "-std=c++20")
     assert call is not None
     assert call["options"] == ["-std=c++20"]
-    assert manifest.meta([call]) == {manifest.CALL_META: call}
+    assert manifest.meta([call])[manifest.CALL_META] == {
+        **call,
+        "compiled_ns": pytest.approx(time.time_ns(), abs=10**10),
+    }
     assert manifest.meta([call, call]) == {}  # two compiles: which one did the kernel use?
     assert manifest.describe_call("code", "cubin", None, []) is None  # arch from the current target
     assert manifest.meta([None]) == {}

@@ -216,7 +216,7 @@ class BackendHooks:
 
         entry = cache.get_or_compile(kc_key, compile_entry)
         if pre is not None and started is not None:
-            manifest.record_later(cache, pre, kc_key, entry, started)
+            manifest.record_later(cache, pre, kc_key, entry, started, bool(compiled))
         if compiled:
             return compiled[0]
         try:

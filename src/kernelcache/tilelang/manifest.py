@@ -125,7 +125,9 @@ def capturing() -> Iterator[list[dict[str, Any] | None]]:
 
 def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
     """Entry meta for one compile: its nvcc call, if it made exactly one that is known."""
-    return {CALL_META: calls[0]} if len(calls) == 1 and calls[0] is not None else {}
+    if len(calls) != 1 or calls[0] is None:
+        return {}
+    return {CALL_META: {**calls[0], "compiled_ns": time.time_ns()}}
 
 
 def _roots() -> list[str]:
@@ -253,10 +255,25 @@ def _dirs_unchanged(rows: list[list[Any]]) -> bool:
 RECORDING: list[threading.Thread] = []
 
 
-def record_later(cache: Cache, pre: str, key: str, entry: Entry, started_ns: int) -> None:
-    """Record ``entry``'s manifest in a background thread (see the module docstring)."""
+#: An entry compiled this recently (by another process) is having its manifest recorded
+#: by its compiler: a process that found it by the walk does not record it again.
+FRESH_NS = 60_000_000_000
+
+
+def record_later(
+    cache: Cache, pre: str, key: str, entry: Entry, started_ns: int, compiled: bool
+) -> None:
+    """Record ``entry``'s manifest in a background thread (see the module docstring).
+
+    After this process's compile, always; after a hit by the walk, unless the
+    entry is fresh from another process (N processes that waited for one
+    compile would otherwise all run nvcc's preprocessor for the same manifest).
+    """
     call = entry.meta.get(CALL_META)
     if not isinstance(call, dict) or cache.settings.read_only:
+        return
+    born = call.get("compiled_ns")
+    if not compiled and type(born) is int and 0 <= time.time_ns() - born < FRESH_NS:
         return
     thread = threading.Thread(
         target=_record_logged,
