@@ -295,6 +295,8 @@ def _record_logged(*args: Any) -> None:
         record(*args)
     except (OSError, ValueError, KeyError, TypeError, CorruptEntry, StoreError) as exc:
         logger.info("kernelcache: no TileLang header manifest (%s)", exc)
+    except subprocess.SubprocessError as exc:  # nvcc's preprocessor timed out
+        logger.info("kernelcache: no TileLang header manifest (%s)", exc)
 
 
 def record(
