@@ -7,6 +7,7 @@ The fresh-process behaviour with real compiles is in ``test_tilelang.py``
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,29 @@ def test_a_header_linked_out_of_the_trees_keeps_the_kernel_off_the_manifest(
     inside = [str(tree / "cuda" / ".." / "top.h"), "/usr/include/stdio.h"]
     assert manifest.tree_files(inside, roots) == [str(tree / "top.h")]
     assert manifest.tree_files([*inside, str(tree / "linked.h")], roots) is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (its preprocessor runs)")
+def test_recorded_from_nvccs_device_preprocessor(tree: Path) -> None:
+    """What the compile read comes from nvcc's own device preprocessor runs: a header
+    included only under ``__CUDA_ARCH__`` is recorded (``nvcc -M`` would miss it)."""
+    (tree / "device_only.h").write_text("#define D 1\n")
+    code = (
+        '#include "top.h"\n#ifdef __CUDA_ARCH__\n#include "device_only.h"\n#endif\n'
+        "__global__ void k(float* x) { x[0] = A; }\n"
+    )
+    call = manifest.describe_call(code, "cubin", ["-arch=sm_90"], ["-std=c++20", f"-I{tree}"])
+    [recorded_call] = manifest.meta([call]).values()
+    entry = Entry(
+        {"k.cu": code.encode()}, meta={manifest.CALL_META: recorded_call, "device_source": "k.cu"}
+    )
+    time.sleep(0.05)  # older than the race margin of deps.record
+    cache = Cache()
+    assert manifest.record(cache, PRE, RESULT, entry, recorded_call, time.time_ns())
+    assert _find(cache) == (RESULT, 0)
+    [variant] = json.loads(cache.get(PRE)[deps.MANIFEST])  # type: ignore[index]
+    assert {row[0] for row in variant["deps"]} == {
+        str(tree / name) for name in ("top.h", "cuda/common.h", "device_only.h")
+    }
+    (tree / "device_only.h").write_text("#define D 2\n")
+    assert _find(cache) == (None, 0)

@@ -131,8 +131,8 @@ def prefetch() -> None:
 
 
 def _memoised(label: str) -> bool:
-    folder = headers_folder(label)
-    return folder is None or trees.memoised(os.path.realpath(folder))
+    folder = _real_folder(headers_folder(label))
+    return folder is None or trees.memoised(folder)
 
 
 def _libraries_and_compilers() -> None:
