@@ -12,6 +12,10 @@ arguments, which the cache hook never sees), and next to it: the backend and
 target kind, TileLang's version, the content of its native libraries and of
 the header trees nvcc is pointed at, nvcc's and the host compiler's identity,
 and NVRTC's for the nvrtc backend. No field holds an absolute path.
+
+A fresh process finds a tvm_ffi kernel's key without walking the header
+trees, through the header manifest stored under :func:`pre_key`
+(:mod:`kernelcache.tilelang.manifest`); the walk stays the source of truth.
 """
 
 from __future__ import annotations
