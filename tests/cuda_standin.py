@@ -123,8 +123,13 @@ class Toolkit:
         ]
 
     def compiles(self) -> list[str]:
-        """The nvcc runs that compiled something (not ``--version`` probes)."""
-        return [args for args in self.runs() if args.strip() != "--version"]
+        """The nvcc runs that compiled something (not ``--version`` probes, nor the
+        ``--dryrun`` that asks nvcc which preprocessor runs a compile makes)."""
+        return [
+            args
+            for args in self.runs()
+            if args.strip() != "--version" and "--dryrun" not in args.split()
+        ]
 
     def reset(self) -> None:
         self.log.unlink(missing_ok=True)

@@ -80,7 +80,8 @@ def test_compiled_once_then_hit_in_a_fresh_process_without_nvcc(
         assert report["adapter_class"] == ADAPTERS[backend]
     assert second["source_chars"] == first["source_chars"] > 0
     entries = list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))
-    assert len(entries) == 1, "one compiled kernel is ONE entry"
+    # One compiled kernel is ONE entry; tvm_ffi's has its header manifest beside it.
+    assert len(entries) == (2 if backend == "tvm_ffi" else 1)
     # TileLang's own kernel cache stayed empty: kernelcache took its place.
     assert not list(Path(dsl_env["TILELANG_CACHE_DIR"]).rglob("*.so"))
 
@@ -148,9 +149,9 @@ def test_an_entry_whose_library_will_not_load_is_replaced(
     run(dsl_env, "add", "tvm_ffi")
     # Verified bytes that are not a loadable library (a foreign or mis-built entry).
     with Cache([DiskStore(dsl_env["KERNELCACHE_DIR"])], persist_stats=False) as cache:
-        (key,) = list(cache.tiers[0].keys())
-        entry = cache.get(key)
-        assert entry is not None
+        # The kernel's entry (its header manifest is the other one).
+        stored = list(cache.tiers[0].keys())
+        [(key, entry)] = [(k, e) for k in stored if (e := cache.get(k)) and "library" in e.meta]
         library = entry.meta["library"]
         cache.put(key, Entry({**entry, library: b"not a shared library"}, meta=entry.meta))
     damaged = run(dsl_env, "add", "tvm_ffi")
@@ -178,7 +179,7 @@ def test_template_headers_key_by_content_not_path(
     assert moved["stats"]["hits"] == 1
     assert len(toolkit.compiles()) == 1
     # An edited header: a miss, and nvcc really runs again.
-    header = next(copies[1].rglob("common.h"))
+    header = copies[1] / "tl_templates" / "cuda" / "common.h"  # one the kernel includes
     header.write_text(header.read_text() + "\n// edited\n")
     edited = run({**dsl_env, "TL_TEMPLATE_PATH": str(copies[1])}, "add", "tvm_ffi")
     assert edited["stats"]["misses"] == 1
@@ -196,3 +197,69 @@ def test_disable_cache_env_still_compiles_without_any_cache(
     assert not (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").exists() or not list(
         (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce")
     )
+
+
+def _manifests(env: dict[str, str], delete: bool = False) -> list[dict[str, Any]]:
+    """The variants of every header manifest in the test's cache (removed with ``delete``)."""
+    import json
+
+    from kernelcache.cache import Cache
+    from kernelcache.nvcc.deps import MANIFEST
+    from kernelcache.settings import Settings
+
+    cache = Cache(settings=Settings.load({"KERNELCACHE_DIR": env["KERNELCACHE_DIR"]}))
+    found = []
+    for key in list(cache.tiers[-1].keys()):
+        entry = cache.get(key)
+        if entry is not None and MANIFEST in entry:
+            found += json.loads(entry[MANIFEST])
+            if delete:
+                cache.delete(key)
+    return found
+
+
+def test_header_manifest_hits_without_the_walk_and_misses_on_what_the_kernel_read(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 23: a fresh process checks the headers the compile read (nvcc's own
+    preprocessor runs say which), not the whole trees. An edit of a header the
+    kernel did not read now hits; an edit of one it read, or a header created
+    earlier in the search path, misses."""
+    templates, cutlass = tmp_path / "tl" / "src", tmp_path / "cutlass" / "include"
+    for label, copy in (("templates", templates), ("cutlass", cutlass)):
+        shutil.copytree(str(keys.headers_folder(label)), copy, symlinks=True)
+    env = {**dsl_env, "TL_TEMPLATE_PATH": str(templates), "TL_CUTLASS_PATH": str(cutlass)}
+    hit = {"hits": 1, "misses": 0, "compiles": 0}
+
+    run(env, "add", "tvm_ffi")
+    [variant] = _manifests(env)  # recorded before the compiling process exited
+    read = {os.path.normpath(row[0]) for row in variant["deps"]}
+    common = templates / "tl_templates" / "cuda" / "common.h"
+    numeric = cutlass / "cutlass" / "numeric_types.h"
+    assert {str(common), str(numeric)} <= read
+    first = run(env, "add", "tvm_ffi")
+    assert first["stats"] == {**first["stats"], **hit, "manifest_hits": 1}
+
+    # A header under the trees that the kernel did not read, edited: still a hit.
+    unrelated = cutlass / "cutlass" / "gemm" / "device" / "gemm.h"
+    assert str(unrelated) not in read
+    unrelated.write_text(unrelated.read_text() + "\n// edited\n")
+    again = run(env, "add", "tvm_ffi")
+    assert again["stats"] == {**again["stats"], **hit, "manifest_hits": 1}
+    assert len(toolkit.compiles()) == 1
+
+    # A header created in an earlier -I folder, shadowing one the kernel read: a miss.
+    (templates / "cutlass").mkdir()
+    (templates / "cutlass" / "numeric_types.h").write_text(numeric.read_text() + "\n// shadow\n")
+    assert run(env, "add", "tvm_ffi")["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 2
+
+    # A header the kernel read, edited: a miss.
+    common.write_text(common.read_text() + "\n// edited\n")
+    assert run(env, "add", "tvm_ffi")["stats"]["compiles"] == 1
+    assert len(toolkit.compiles()) == 3
+
+    # Without its manifest (evicted), the entry is found by the walk: a hit.
+    _manifests(env, delete=True)
+    walked = run(env, "add", "tvm_ffi")
+    assert walked["stats"] == {**walked["stats"], **hit, "manifest_hits": 0}

@@ -40,7 +40,7 @@ from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
-from kernelcache.tilelang import keys
+from kernelcache.tilelang import keys, manifest
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
@@ -64,10 +64,12 @@ LOAD = "_load_kernel_from_disk"
 SAVE = "_save_kernel_to_disk"
 TUNER_LOAD = "_load_result_from_disk"
 TUNER_SAVE = "_save_result_to_disk"
+COMPILE_CUDA = "compile_cuda"  # tilelang.contrib.nvcc: tilelang.cuda.backend calls it by module
 
 
 def _hook(patches: Patches) -> None:
     import tilelang.cache as tl_cache
+    import tilelang.contrib.nvcc as tl_nvcc
     from tilelang.autotuner.tuner import AutoTuner
     from tilelang.cache.cuda_binary_cache import CUDABinaryCache
 
@@ -78,6 +80,8 @@ def _hook(patches: Patches) -> None:
         )  # fmt: skip
         patches.set(upstream, LOAD, hooks.load)
         patches.set(upstream, SAVE, hooks.save)
+    # TileLang's nvcc call, noted for the header manifest (kernelcache.tilelang.manifest).
+    patches.set(tl_nvcc, COMPILE_CUDA, manifest.wrap_compile(getattr(tl_nvcc, COMPILE_CUDA)))
     patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
     patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
     tuner = TunerHooks(get_records, _device)

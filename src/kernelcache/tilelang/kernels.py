@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,8 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
-from kernelcache.tilelang.keys import kernel_key
+from kernelcache.tilelang import manifest
+from kernelcache.tilelang.keys import kernel_key, pre_key
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,15 @@ _LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, CorruptE
 
 
 #: What ``kernelcache.tilelang.stats()`` counts.
-COUNTERS = ("hits", "misses", "compiles", "unusable_entries", "passed_through")
+COUNTERS = (
+    "hits",
+    "misses",
+    "compiles",
+    "unusable_entries",
+    "passed_through",
+    "manifest_hits",
+    "bad_manifests",
+)
 
 
 def handles(backend: str, target: Any) -> bool:
@@ -61,7 +71,9 @@ def handles(backend: str, target: Any) -> bool:
     return backend in BACKENDS and kind in TARGET_KINDS
 
 
-def pack(upstream_cache: Any, kernel: Any, verbose: bool = False) -> Entry:
+def pack(
+    upstream_cache: Any, kernel: Any, verbose: bool = False, extra: dict[str, Any] | None = None
+) -> Entry:
     """The file set TileLang would publish for ``kernel``, as one entry."""
     from tilelang.engine.param import dump_kernel_params
 
@@ -84,6 +96,7 @@ def pack(upstream_cache: Any, kernel: Any, verbose: bool = False) -> Entry:
         "host_source": upstream_cache.host_kernel_path,
         "library": upstream_cache.kernel_lib_path,
         "params": upstream_cache.params_path,
+        **(extra or {}),
     }
     return Entry(artifacts, meta=meta)
 
@@ -192,15 +205,18 @@ class BackendHooks:
             "verbose": verbose,
         }
         cache = self.cache()
-        kc_key = kernel_key(key, backend, backend_context.target)
+        pre, kc_key, started = self._key(cache, key, backend, backend_context.target)
         compiled: list[Any] = []
 
         def compile_entry() -> Entry:
             self.counters.count("misses")
-            compiled.append(self._compile(call))
-            return pack(self.upstream, compiled[0], verbose)
+            with manifest.capturing() as calls:
+                compiled.append(self._compile(call))
+            return pack(self.upstream, compiled[0], verbose, manifest.meta(calls))
 
         entry = cache.get_or_compile(kc_key, compile_entry)
+        if pre is not None and started is not None:
+            manifest.record_later(cache, pre, kc_key, entry, started, bool(compiled))
         if compiled:
             return compiled[0]
         try:
@@ -215,6 +231,20 @@ class BackendHooks:
             return kernel
         self.counters.count("hits")
         return kernel
+
+    def _key(
+        self, cache: Cache, key: str, backend: str, target: Any
+    ) -> tuple[str | None, str, int | None]:
+        """``(pre-key, key, walk start)``: the key from the header manifest when a variant
+        holds (no walk, start ``None``), else from walking the header trees."""
+        pre = pre_key(key, backend, target) if backend in manifest.BACKENDS else None
+        if pre is not None:
+            vouched = manifest.find(cache, pre, self.counters)
+            if vouched is not None:
+                self.counters.count("manifest_hits")
+                return pre, vouched, None
+        started = time.time_ns()
+        return pre, kernel_key(key, backend, target), started
 
     def _compile(self, call: dict[str, Any]) -> Any:
         from tilelang.jit import JITKernel

@@ -12,6 +12,10 @@ arguments, which the cache hook never sees), and next to it: the backend and
 target kind, TileLang's version, the content of its native libraries and of
 the header trees nvcc is pointed at, nvcc's and the host compiler's identity,
 and NVRTC's for the nvrtc backend. No field holds an absolute path.
+
+A fresh process finds a tvm_ffi kernel's key without walking the header
+trees, through the header manifest stored under :func:`pre_key`
+(:mod:`kernelcache.tilelang.manifest`); the walk stays the source of truth.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from kernelcache.keys import KeyBuilder
 from kernelcache.tilelang import trees
 
 NAMESPACE = "kernelcache.tilelang"
+#: Header manifests (:mod:`kernelcache.tilelang.manifest`), a namespace of their own.
+MANIFEST_NAMESPACE = "kernelcache.tilelang.manifest"
 SCHEMA = 1
 
 # The native libraries whose content decides code generation (TileLang's own stamp list).
@@ -110,18 +116,27 @@ def prefetch() -> None:
     :func:`~kernelcache.tilelang.install` starts them, so they overlap the
     user's code until the first compile; the hashing and file reads release the
     GIL, so the threads (one per header tree, one for the rest) overlap each
-    other too. Idempotent.
+    other too. A header tree already in the memo is not walked here: a hit
+    through its header manifest (:mod:`kernelcache.tilelang.manifest`) needs
+    no walk, and a walk of ~1,200 stats would compete with the user's code for
+    the GIL. Idempotent.
     """
     with _warming_lock:
         if _warming:
             return
-        jobs = [functools.partial(_header_tree, label) for label in HEADER_TREES]
+        labels = [label for label in HEADER_TREES if not _memoised(label)]
+        jobs = [functools.partial(_header_tree, label) for label in labels]
         for job in [*jobs, _libraries_and_compilers]:
             thread = threading.Thread(target=_warm, args=(job,), name="kernelcache-tilelang-key")
             thread.daemon = True
             _warming.append(thread)
         for thread in _warming:
             thread.start()
+
+
+def _memoised(label: str) -> bool:
+    folder = _real_folder(headers_folder(label))
+    return folder is None or trees.memoised(folder)
 
 
 def _libraries_and_compilers() -> None:
@@ -146,21 +161,45 @@ def _settle() -> None:
         thread.join()
 
 
-def kernel_key(upstream_key: str, backend: str, target: Any) -> str:
-    """The kernelcache key of one TileLang kernel."""
+def _build(namespace: str, upstream_key: str, backend: str, target: Any, trees: object) -> str:
+    """The fields of both keys below; ``trees`` is the header trees' field, their
+    contents or their folders (in the same place: today's keys stay valid)."""
     import tilelang
 
     _settle()
     return (
-        KeyBuilder(NAMESPACE)
+        KeyBuilder(namespace)
         .add("schema", SCHEMA)
         .add("upstream", upstream_key)
         .add("backend", backend)
         .add("target", str(target))
         .add("tilelang", tilelang.__version__)
         .add("libraries", library_stamp())
-        .add("headers", headers())
+        .add("headers", trees)
         .add("compilers", compilers(backend))
         .add("machine", platform.machine())
         .hexdigest()
     )
+
+
+def kernel_key(upstream_key: str, backend: str, target: Any) -> str:
+    """The kernelcache key of one TileLang kernel (the header trees' contents included)."""
+    _settle()  # a tree a prefetch thread is walking is not walked twice
+    return _build(NAMESPACE, upstream_key, backend, target, headers())
+
+
+def header_folders() -> dict[str, str | None]:
+    """The header trees' folders by label, as real paths (``None``: no such folder)."""
+    return {label: _real_folder(headers_folder(label)) for label in HEADER_TREES}
+
+
+@functools.cache
+def _real_folder(folder: str | None) -> str | None:
+    # Per process, as the trees' fingerprints are (``_tree``): a hit costs no lstat walk.
+    return os.path.realpath(folder) if folder and os.path.isdir(folder) else None
+
+
+def pre_key(upstream_key: str, backend: str, target: Any) -> str:
+    """The key of a kernel's header manifest: :func:`kernel_key` without the trees'
+    contents, with their folders instead (the manifest names files under them)."""
+    return _build(MANIFEST_NAMESPACE, upstream_key, backend, target, header_folders())

@@ -78,6 +78,13 @@ def tree_fingerprint(folder: str) -> str:
     return digest
 
 
+def memoised(folder: str) -> bool:
+    """Whether the memo holds a fingerprint of ``folder`` (of some state of it: unchecked)."""
+    memo = _memos.load(TREE_MEMO)
+    found = memo.get("trees") if memo.get("version") == _MEMO_VERSION else None
+    return isinstance(found, dict) and folder in found
+
+
 #: Folders this process hashed (not found in the memo), for tests and benchmarks.
 HASHED: list[str] = []
 
