@@ -167,7 +167,7 @@ def test_a_header_linked_out_of_the_trees_keeps_the_kernel_off_the_manifest(
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc (its preprocessor runs)")
 def test_recorded_from_nvccs_device_preprocessor(tree: Path) -> None:
     """What the compile read comes from nvcc's own device preprocessor runs: a header
-    included only under ``__CUDA_ARCH__`` is recorded (``nvcc -M`` would miss it)."""
+    included only under ``__CUDA_ARCH__`` is recorded, and an edit of it misses."""
     (tree / "device_only.h").write_text("#define D 1\n")
     code = (
         '#include "top.h"\n#ifdef __CUDA_ARCH__\n#include "device_only.h"\n#endif\n'

@@ -16,12 +16,12 @@ no walk. Without a manifest or a matching variant, the walk decides, as before.
 
 *What the compile read* is asked of the compiler, never guessed: ``nvcc
 --dryrun`` of TileLang's own compile (its flags, captured when it ran and
-kept in the entry's meta) gives the preprocessor runs nvcc makes (one per
-device architecture, ``-D__CUDA_ARCH__=900``: ``nvcc -M`` and ``-MD`` run the
-*host* preprocessor, which misses headers included under ``__CUDA_ARCH__``),
-and each is run again with ``-M``. That costs ~0.25 s of CPU, so it runs in a
-background thread after the kernel was handed back (non-daemon: a short
-process still leaves its manifest, at exit).
+kept in the entry's meta) gives the device preprocessor runs nvcc makes (one
+per device architecture, ``-D__CUDA_ARCH__=900`` and the feature macros), and
+each is run again with ``-M``: exactly the headers the device code read (the
+kernel's only nvcc output here is device code). That costs ~0.25 s of CPU,
+so it runs in a background thread after the kernel was handed back
+(non-daemon: a short process still leaves its manifest, at exit).
 
 *Headers that appear.* A header created under a tree could shadow an
 included one (an earlier ``-I``) or answer a ``__has_include``; CUTLASS's
