@@ -244,6 +244,23 @@ def test_host_response_files_are_keyed_by_content(
     assert same_as_fresh(argv, capfd) == "hits"
 
 
+def test_a_header_only_the_device_pass_reads_is_keyed(
+    project: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Direct mode trusts nvcc's dependency list; it must name what the sm_90 device pass
+    alone includes (nvcc 13's ``-MD`` does: its list covers every preprocessor pass)."""
+    guard = '#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n#include "dev.h"\n#endif\n'
+    (project / "k.cu").write_text(guard + KERNEL)
+    (project / "dev.h").write_text("#define FOO 2\n")
+    settle()
+    assert same_as_fresh(CUBIN, capfd) == "misses"
+    assert same_as_fresh(CUBIN, capfd) == "hits"
+    (project / "dev.h").write_text("#define FOO 5\n")
+    settle()
+    assert same_as_fresh(CUBIN, capfd) == "misses"
+    assert same_as_fresh(CUBIN, capfd) == "hits"
+
+
 def test_a_pre_included_host_header_is_keyed_by_content(
     project: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
