@@ -217,6 +217,7 @@ def test_a_first_compile_preprocesses_no_more_than_plain_nvcc(
     root.mkdir()
     source = "__global__ void counted(float* y) { y[threadIdx.x] *= 2.0f; }\n"
     (root / "k.cu").write_text(source)
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
     monkeypatch.chdir(root)
     monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "cache"))
     for name in ("KERNELCACHE_BASEDIR", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN"):
@@ -236,6 +237,7 @@ def test_a_first_compile_preprocesses_no_more_than_plain_nvcc(
     assert passes(lambda: main(["nvcc", *args])) == plain
     assert launcher_stats()["misses"] == before.get("misses", 0) + 1
     (root / "k.cu").write_text(source + "// a comment\n")
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS): else not recorded
     assert passes(lambda: main(["nvcc", *args])) == plain  # the preprocessed lookup only
     after = launcher_stats()
     assert after["hits"] == before.get("hits", 0) + 1
