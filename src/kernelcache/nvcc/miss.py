@@ -1,7 +1,10 @@
 """A direct-mode miss: try the preprocessed key, else run nvcc, pass its results through, cache them.
 
 1. nvcc's own preprocessing gives the *preprocessed key*
-   (:mod:`kernelcache.nvcc.preprocess`). A result stored under it (the same
+   (:mod:`kernelcache.nvcc.preprocess`), unless no result of this command was
+   ever stored under one (no mark under :func:`kernelcache.nvcc.key.seen_key`):
+   then nvcc compiles at once with ``--keep`` and the key is taken from the
+   files its own preprocessing passes left, with no pass run twice. A result stored under it (the same
    compile before a comment-only edit) is restored, and the manifest under the
    direct key gains a variant for today's dependencies.
 2. Otherwise nvcc compiles. The result is stored under the preprocessed key
@@ -48,6 +51,12 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     if nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
         from kernelcache.nvcc import preprocess
 
+        if cache.get(nvcc_key.seen_key(job.command)) is None:
+            # No result of this command was ever stored under a preprocessed
+            # key, so none can be found: compile at once, and take the key
+            # from the preprocessed files the compile itself leaves behind.
+            return _compile(cache, job, None, started, learn=True)
+
         digests = preprocess.digests(job.nvcc, job.inv, job.env, job.basedir)
         pre = nvcc_key.preprocessed_key(job.command, digests) if digests else None
     if pre is not None:
@@ -81,17 +90,25 @@ def _preprocessed_hit(
     return Outcome("hits", saved=saved_seconds(result), detail="preprocessed_hits")
 
 
-def _compile(cache: Cache, job: Job, pre: str | None, started: int) -> tuple[int, Outcome]:
+def _compile(
+    cache: Cache, job: Job, pre: str | None, started: int, learn: bool = False
+) -> tuple[int, Outcome]:
+    """Run nvcc and cache its result; ``learn``: the preprocessed key comes from its kept files."""
+    import shutil
     import subprocess
     import tempfile
 
     inv = job.inv
     fd, own_dep = tempfile.mkstemp(prefix="kernelcache-", suffix=".d")
     os.close(fd)
+    keep_dir = tempfile.mkdtemp(prefix="kernelcache-") if learn else None
     try:
+        kept = _plan_keep(job, keep_dir) if keep_dir is not None else None
         # Without a user -MD, nvcc writes its dependency list for us in the same
         # run: no separate preprocessor pass (the output is unchanged by -MD).
         extra = ["-MD", "-MF", own_dep] if inv.depmode is None else []
+        if kept is not None:
+            extra += ["--keep", "--keep-dir", keep_dir or ""]
         began = time.time_ns()
         try:
             proc = subprocess.run([job.nvcc, *job.args, *extra], capture_output=True, check=False)
@@ -102,10 +119,38 @@ def _compile(cache: Cache, job: Job, pre: str | None, started: int) -> tuple[int
         replay(proc.stdout, proc.stderr)
         if proc.returncode != 0:
             return proc.returncode, Outcome("failed")
+        if kept is not None:
+            pre = _kept_key(job, kept)
         why = _store(cache, job, pre, proc, own_dep, started, elapsed)
+        if why is None and learn and pre is not None:
+            from kernelcache.entry import Entry
+
+            cache.put(nvcc_key.seen_key(job.command), Entry({}))
         return 0, Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
     finally:
         os.unlink(own_dep)
+        if keep_dir is not None:
+            shutil.rmtree(keep_dir, ignore_errors=True)
+
+
+def _plan_keep(job: Job, keep_dir: str) -> list[str] | None:
+    from kernelcache.nvcc import preprocess
+
+    return preprocess.kept_files(job.nvcc, job.args, keep_dir, job.env)
+
+
+def _kept_key(job: Job, kept: list[str]) -> str | None:
+    """The preprocessed key from the files a ``--keep`` compile left, or ``None``."""
+    from kernelcache.nvcc import preprocess
+
+    digests = []
+    for path in kept:
+        try:
+            with open(path, "rb") as f:
+                digests.append(preprocess.hash_output(f.read(), job.basedir))
+        except OSError:
+            return None
+    return nvcc_key.preprocessed_key(job.command, digests)
 
 
 def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
