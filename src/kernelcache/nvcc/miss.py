@@ -103,34 +103,56 @@ def _compile(
     os.close(fd)
     keep_dir = tempfile.mkdtemp(prefix="kernelcache-") if learn else None
     try:
-        kept = _plan_keep(job, keep_dir) if keep_dir is not None else None
         # Without a user -MD, nvcc writes its dependency list for us in the same
         # run: no separate preprocessor pass (the output is unchanged by -MD).
         extra = ["-MD", "-MF", own_dep] if inv.depmode is None else []
-        if kept is not None:
-            extra += ["--keep", "--keep-dir", keep_dir or ""]
+        if keep_dir is not None:
+            extra += ["--keep", "--keep-dir", keep_dir]
         began = time.time_ns()
         try:
-            proc = subprocess.run([job.nvcc, *job.args, *extra], capture_output=True, check=False)
+            proc = subprocess.Popen(
+                [job.nvcc, *job.args, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
         except OSError as exc:
             print(f"kernelcache: cannot run {job.nvcc}: {exc}", file=sys.stderr)
             return 127, Outcome("failed")
+        with proc:
+            # Which kept files its passes write: asked while it compiles.
+            kept = _plan_keep(job, keep_dir) if keep_dir is not None else None
+            stdout, stderr = proc.communicate()
         elapsed = (time.time_ns() - began) / 1e9
-        replay(proc.stdout, proc.stderr)
+        replay(stdout, stderr)
         if proc.returncode != 0:
             return proc.returncode, Outcome("failed")
-        if kept is not None:
-            pre = _kept_key(job, kept)
-        why = _store(cache, job, pre, proc, own_dep, started, elapsed)
-        if why is None and learn and pre is not None:
-            from kernelcache.entry import Entry
-
-            cache.put(nvcc_key.seen_key(job.command), Entry({}))
-        return 0, Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
+        return 0, finish(cache, job, pre, kept, (stdout, stderr, elapsed), own_dep, started)
     finally:
         os.unlink(own_dep)
         if keep_dir is not None:
             shutil.rmtree(keep_dir, ignore_errors=True)
+
+
+def finish(
+    cache: Cache,
+    job: Job,
+    pre: str | None,
+    kept: list[str] | None,
+    run: tuple[bytes, bytes, float],
+    own_dep: str,
+    started: int,
+) -> Outcome:
+    """Cache a successful compile (``run``: its stdout, stderr and seconds) and say how it went.
+
+    ``kept``: the files its preprocessing passes left (``--keep``), which give
+    the preprocessed key; the command is then marked as stored under one.
+    """
+    if kept is not None:
+        pre = _kept_key(job, kept)
+    why = _store(cache, job, pre, run, own_dep, started)
+    if why is None and kept is not None and pre is not None:
+        from kernelcache.entry import Entry
+
+        cache.put(nvcc_key.seen_key(job.command), Entry({}))
+    return Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
 
 
 def _plan_keep(job: Job, keep_dir: str) -> list[str] | None:
@@ -179,10 +201,9 @@ def _store(
     cache: Cache,
     job: Job,
     pre: str | None,
-    proc: Any,
+    run: tuple[bytes, bytes, float],
     own_dep: str,
     started: int,
-    elapsed: float,
 ) -> str | None:
     """Cache a successful compile; returns why it was not cached, or ``None``."""
     from kernelcache.entry import Entry
@@ -211,7 +232,8 @@ def _store(
     if recorded[1] is None and pre is None:
         return "include directives the scanner cannot follow, and no preprocessed key"
     stored, encoding = pack_output(output)
-    artifacts = {"output": stored, "stdout": proc.stdout, "stderr": proc.stderr}
+    stdout, stderr, elapsed = run
+    artifacts = {"output": stored, "stdout": stdout, "stderr": stderr}
     if user_dep is not None:
         body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
         if body is None:

@@ -56,17 +56,27 @@ def _dryrun(
         return None
     if proc.returncode != 0:
         return None
+    return read_dryrun(proc.stderr, env)
+
+
+def read_dryrun(
+    printed: bytes, env: Mapping[str, str]
+) -> tuple[list[list[str]], dict[str, str]] | None:
+    """The ``-E`` steps and their environment in what ``nvcc --dryrun`` printed (its stderr)."""
     run_env = dict(env)
     found: list[list[str]] = []
-    for raw in proc.stderr.decode("utf-8", "surrogateescape").splitlines():
+    for raw in printed.decode("utf-8", "surrogateescape").splitlines():
         if not raw.startswith("#$ "):
             continue
         line = raw[3:].strip()
+        assignment = _ASSIGNMENT.match(line) is not None
+        if not assignment and " -E " not in line and '"-E"' not in line:
+            continue  # neither a variable nor a preprocessing step: not split (shlex is slow)
         try:
             words = shlex.split(line)
         except ValueError:
             return None  # a line we cannot read: no preprocessed key rather than a wrong one
-        if len(words) == 1 and _ASSIGNMENT.match(line):
+        if len(words) == 1 and assignment:
             name, _, value = words[0].partition("=")
             if name in _ENV_FROM_DRYRUN:
                 run_env[name] = value
@@ -111,7 +121,18 @@ def kept_files(
     same steps as :func:`commands` (only their ``-o`` differs), so hashing them
     with :func:`hash_output` gives the same digests without preprocessing twice.
     """
-    planned = _dryrun(nvcc, [*args, "--keep", "--keep-dir", keep_dir], env)
+    return kept_in(_dryrun(nvcc, keep_args(args, keep_dir), env), keep_dir)
+
+
+def keep_args(args: list[str], keep_dir: str) -> list[str]:
+    """``args`` keeping nvcc's intermediate files in ``keep_dir``."""
+    return [*args, "--keep", "--keep-dir", keep_dir]
+
+
+def kept_in(
+    planned: tuple[list[list[str]], dict[str, str]] | None, keep_dir: str
+) -> list[str] | None:
+    """The files the steps of a ``--keep`` dry run write, if all of them go to ``keep_dir``."""
     if planned is None:
         return None
     files = [words[words.index("-o") + 1] for words in planned[0]]
