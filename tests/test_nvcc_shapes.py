@@ -19,7 +19,15 @@ import pytest
 
 from kernelcache.nvcc import server
 from kernelcache.nvcc.launcher import launcher_stats, main
-from launcher_env import clean_env, make_bin, reasons, start_server, stats, without_file_symbol
+from launcher_env import (
+    answered,
+    clean_env,
+    make_bin,
+    reasons,
+    start_server,
+    stats,
+    without_file_symbol,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -242,3 +250,35 @@ def test_a_first_compile_preprocesses_no_more_than_plain_nvcc(
     after = launcher_stats()
     assert after["hits"] == before.get("hits", 0) + 1
     assert after.get("preprocessed_hits", 0) == before.get("preprocessed_hits", 0) + 1
+
+
+def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path: Path) -> None:
+    """A cold miss imports no cache in a new process: the warm server plans and stores it.
+
+    The client's fallback process asks the server for a plan, runs nvcc
+    itself and sends the run back (issue 23: importing the cache cost ~0.25 s
+    of CPU per cold object). Its imports are listed (``PYTHONPROFILEIMPORTTIME``).
+    """
+    tool = Launcher(make_bin(tmp_path / "bin"), tmp_path / "cache")
+    start_server(tool.cache_dir, tool.env)
+    root = project(tmp_path / "p", KERNEL.replace("scale", "planned"))
+    args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
+    try:
+        before = stats(tool.cache_dir)
+        proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
+        assert proc.returncode == 0, proc.stderr
+        assert stats(tool.cache_dir)["misses"] == before["misses"] + 1
+        imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
+        assert any(b"kernelcache.nvcc.compiling" in line for line in imported)
+        assert not any(b"kernelcache.cache" in line for line in imported)
+        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
+        assert plain.returncode == 0
+        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
+            (root / "plain.o").read_bytes()
+        )
+        assert tool.outcome(args, root) == "server hit"
+    finally:
+        server.stop(str(tool.cache_dir))
+    counts = answered(tool.cache_dir)
+    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 1, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 1, counts

@@ -164,7 +164,7 @@ class Server:
         """What it answered, for the log (each kind for each client), or ``None`` if nothing."""
         if not self.answered:
             return None
-        kinds = ("hit", "plain", "fallback")
+        kinds = ("hit", "plain", "fallback", "compile", "stored")
         parts = [
             " ".join(f"{k}={self.answered.get((k, native), 0)}" for k in kinds)
             for native in (False, True)
