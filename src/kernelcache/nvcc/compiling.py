@@ -62,6 +62,13 @@ def run(argv: list[str]) -> int | None:
         _write(1, reply[2])
         _write(2, reply[3])
         return int(reply[1])
+    if reply and reply[0] == b"plain" and len(reply) == 2 and reply[1]:
+        # Counted by the server as uncacheable (or the cache is disabled): nvcc as it is.
+        try:
+            os.execv(reply[1], [reply[1], *args[1:]])
+        except OSError as exc:
+            _write(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
+            return 127
     if not reply or reply[0] != b"compile" or len(reply) < 3:
         return None
     nvcc = os.fsdecode(reply[1])
