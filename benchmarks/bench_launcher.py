@@ -329,7 +329,8 @@ def server_cpu(cache_dir: str) -> float:
 def build_time(
     root: Path, build: Path, env: dict[str, str], launcher: list[str]
 ) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (the build's processes and kernelcache's server) of a build."""
+    """Wall seconds and CPU seconds of a build: its processes, and kernelcache's server for
+    kernelcache (sccache's server is not counted)."""
     args = [
         "cmake",
         "-S",
@@ -343,8 +344,9 @@ def build_time(
     if launcher:
         args.append(f"-DCMAKE_CUDA_COMPILER_LAUNCHER={';'.join(launcher)}")
     subprocess.run(args, env=env, check=True, capture_output=True)
+    ours = any("kernelcache" in part for part in launcher)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    served = server_cpu(env["KERNELCACHE_DIR"])
+    served = server_cpu(env["KERNELCACHE_DIR"]) if ours else 0.0
     start = time.perf_counter()
     subprocess.run(
         ["cmake", "--build", str(build), "-j2"], env=env, check=True, capture_output=True
@@ -352,7 +354,7 @@ def build_time(
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu + server_cpu(env["KERNELCACHE_DIR"]) - served
+    return wall, cpu + (server_cpu(env["KERNELCACHE_DIR"]) - served if ours else 0.0)
 
 
 #: Issue 23's target for the launcher's cold build.
