@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: The protocol of these requests: ``[COMPILE, step, fields..., cwd, dir, umask, argc, argv..., env...]``.
 COMPILE = b"kernelcache-launcher-compile/1"
+#: Seconds a plan is waited for at most (a warm server answers in milliseconds).
+PLAN_TIMEOUT = 2.0
 #: How many fields each step carries before the request proper.
 STEPS = {b"plan": 0, b"store": 8}
 
@@ -57,7 +59,9 @@ def run(argv: list[str]) -> int | None:
     if directory is None:
         return None
     args = [os.fsencode(a) for a in argv]
-    reply = client.ask(directory, args, cwd, [COMPILE, b"plan"])
+    # Asked after a server answered this process (before its exec) with no
+    # hit, for any reason: one that hung or answered oddly costs at most this.
+    reply = client.ask(directory, args, cwd, [COMPILE, b"plan"], PLAN_TIMEOUT)
     if reply and reply[0] == b"hit" and len(reply) == 4:
         _write(1, reply[2])
         _write(2, reply[3])
