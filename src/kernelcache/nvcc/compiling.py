@@ -62,7 +62,7 @@ def run(argv: list[str]) -> int | None:
     # Asked after a server answered this process (before its exec) with no
     # hit, for any reason: one that hung or answered oddly costs at most this.
     reply = client.ask(directory, args, cwd, [COMPILE, b"plan"], PLAN_TIMEOUT)
-    if reply and reply[0] == b"hit" and len(reply) == 4:
+    if reply and reply[0] == b"hit" and len(reply) == 4 and reply[1].isdigit():
         _write(1, reply[2])
         _write(2, reply[3])
         return int(reply[1])
@@ -101,15 +101,19 @@ def _compile(
                 [nvcc, *args, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
         except OSError as exc:
-            _write(2, b"kernelcache: cannot run %s: %s\n" % (planned[0], str(exc).encode()))
-            return 127
-        with proc:
-            dryrun = _dryrun([nvcc, *args, "--keep", "--keep-dir", keep_dir])  # while it compiles
-            stdout, stderr = proc.communicate()
+            stdout, stderr = (
+                b"",
+                b"kernelcache: cannot run %s: %s\n" % (os.fsencode(nvcc), str(exc).encode()),
+            )
+            status, dryrun = 127, b""  # counted failed, as in-process
+        else:
+            with proc:
+                dryrun = _dryrun([nvcc, *args, *extra[-3:]])  # while it compiles
+                stdout, stderr = proc.communicate()
+            status = proc.returncode
         elapsed = (time.time_ns() - started) / 1e9
         _write(1, stdout)
         _write(2, stderr)
-        status = proc.returncode
         fields = [b"%d" % started, repr(elapsed).encode(), b"%d" % status]
         fields += [os.fsencode(own_dep), os.fsencode(keep_dir), dryrun, stdout, stderr]
         client.ask(directory, call[0], call[1], [COMPILE, b"store", *fields])
