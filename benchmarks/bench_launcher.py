@@ -21,7 +21,12 @@ built (when ``cc`` or ``gcc`` is on PATH). Every cache
 lives in a temporary directory. Under contention (a shared 2-core machine)
 the figures are indicative: compare the ratios of one run.
 
-Run: ``.venv/bin/python benchmarks/bench_launcher.py [--repeat N] [--headers N]``.
+The build also prints each launcher's CPU seconds per cold object (the
+build's processes, plus kernelcache's server) and the cold build's ratio to
+no launcher, with issue 23's verdict: kernelcache's cold build no slower
+than ccache's and at most 1.15x no launcher.
+
+Run: ``.venv/bin/python benchmarks/bench_launcher.py [--repeat N] [--headers N] [--only cmake]``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -259,6 +265,18 @@ def bench_hits(launchers: Launchers, tmp: Path, repeat: int, headers: int) -> No
             )
 
 
+def warm_server(launchers: Launchers, tmp: Path) -> None:
+    """kernelcache's server running and its compiled client built, as during a build."""
+    scratch = tmp / "warm"
+    scratch.mkdir(exist_ok=True)
+    (scratch / "w.cu").write_text("__global__ void w(float* x) { x[0] = 1.0f; }\n")
+    command = [NVCC, "-arch=sm_90", "-c", "w.cu", "-o", "w.o"]
+    run([*launchers.prefix["kernelcache"], *command], launchers.env, scratch)
+    kc_dir = Path(launchers.env["KERNELCACHE_DIR"])
+    wait_for_server(kc_dir)
+    compiled_client(kc_dir)
+
+
 def wait_for_server(cache_dir: Path) -> None:
     deadline = time.monotonic() + 60
     while not (cache_dir / "launcher.sock").exists() or (cache_dir / "launcher.starting").exists():
@@ -293,7 +311,26 @@ def cmake_project(root: Path, files: int) -> None:
     (root / "CMakeLists.txt").write_text(CMAKELISTS.format(sources=sources))
 
 
-def build_time(root: Path, build: Path, env: dict[str, str], launcher: list[str]) -> float:
+def server_cpu(cache_dir: str) -> float:
+    """CPU seconds the kernelcache server of ``cache_dir`` has used so far (0 if none runs)."""
+    from kernelcache.nvcc import server
+
+    found = server.running(cache_dir)
+    if not found or not found[0]:
+        return 0.0
+    try:
+        with open(f"/proc/{found[0]}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def build_time(
+    root: Path, build: Path, env: dict[str, str], launcher: list[str]
+) -> tuple[float, float]:
+    """Wall seconds and CPU seconds of a build: its processes, and kernelcache's server for
+    kernelcache (sccache's server is not counted)."""
     args = [
         "cmake",
         "-S",
@@ -307,11 +344,21 @@ def build_time(root: Path, build: Path, env: dict[str, str], launcher: list[str]
     if launcher:
         args.append(f"-DCMAKE_CUDA_COMPILER_LAUNCHER={';'.join(launcher)}")
     subprocess.run(args, env=env, check=True, capture_output=True)
+    ours = any("kernelcache" in part for part in launcher)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    served = server_cpu(env["KERNELCACHE_DIR"]) if ours else 0.0
     start = time.perf_counter()
     subprocess.run(
         ["cmake", "--build", str(build), "-j2"], env=env, check=True, capture_output=True
     )
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu + (server_cpu(env["KERNELCACHE_DIR"]) - served if ours else 0.0)
+
+
+#: Issue 23's target for the launcher's cold build.
+COLD_TARGET = 1.15
 
 
 def bench_cmake(launchers: Launchers, tmp: Path, files: int) -> None:
@@ -324,19 +371,36 @@ def bench_cmake(launchers: Launchers, tmp: Path, files: int) -> None:
     print(
         f"\nCMake + Ninja, {files} CUDA objects, -j2: cold build (empty cache), warm rebuild after clean"
     )
-    print(f"{'launcher':<14} {'cold s':>8} {'warm s':>8} {'cold/warm':>10}")
+    print(
+        f"{'launcher':<14} {'cold s':>8} {'warm s':>8} {'cold/warm':>10}"
+        f" {'cold CPU s/obj':>15} {'cold/none':>10}"
+    )
     chosen = [(n, p) for n, p in launchers.prefix.items() if n != PY_CLIENT]
+    cold: dict[str, float] = {}
     for name, prefix in [("none", []), *chosen]:
         build = tmp / f"build-{name}"
-        cold = build_time(root, build, launchers.env, prefix)
+        if name == "kernelcache":  # warm as during a build (it exits when idle)
+            warm_server(launchers, tmp)
+        cold[name], cpu = build_time(root, build, launchers.env, prefix)
         subprocess.run(
             ["cmake", "--build", str(build), "--target", "clean"],
             env=launchers.env,
             check=True,
             capture_output=True,
         )
-        warm = build_time(root, build, launchers.env, prefix)
-        print(f"{name:<14} {cold:>8.2f} {warm:>8.2f} {cold / warm:>9.1f}x")
+        warm = build_time(root, build, launchers.env, prefix)[0]
+        print(
+            f"{name:<14} {cold[name]:>8.2f} {warm:>8.2f} {cold[name] / warm:>9.1f}x"
+            f" {cpu / files:>15.2f} {cold[name] / cold['none']:>9.2f}x"
+        )
+    if "kernelcache" in cold:
+        ours = cold["kernelcache"]
+        verdict = ours <= COLD_TARGET * cold["none"]
+        line = f"kernelcache cold: {ours / cold['none']:.2f}x none (target <= {COLD_TARGET}x)"
+        if "ccache" in cold:
+            line += f", {ours / cold['ccache']:.2f}x ccache (target <= 1.00x)"
+            verdict = verdict and ours <= cold["ccache"]
+        print(f"verdict, {line}: {'met' if verdict else 'MISSED'}")
 
 
 def main() -> int:
@@ -344,6 +408,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--headers", type=int, default=300)
     parser.add_argument("--files", type=int, default=8, help="CMake project size; 0: no build")
+    parser.add_argument(
+        "--only", choices=["hits", "cmake"], help="run one part: the hit latencies or the build"
+    )
     args = parser.parse_args()
     versions = {
         name: subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split(
@@ -358,8 +425,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         launchers = Launchers(Path(tmp))
         try:
-            bench_hits(launchers, Path(tmp), args.repeat, args.headers)
-            if args.files:
+            if args.only != "cmake":
+                bench_hits(launchers, Path(tmp), args.repeat, args.headers)
+            if args.files and args.only != "hits":
                 bench_cmake(launchers, Path(tmp), args.files)
         finally:
             launchers.close()

@@ -27,6 +27,26 @@ sys.exit(main())
 """
 
 
+def without_file_symbol(data: bytes) -> bytes:
+    """An nvcc object less the file symbol naming its temporary host source.
+
+    Plain nvcc names it ``tmpxft_<pid>_..._k.cudafe1.cpp`` (so two plain runs
+    already differ there); a cold miss compiles with ``--keep`` into a
+    temporary directory (its preprocessed key comes from the kept files), where
+    it is ``k.cudafe1.cpp``. Everything else is compared byte for byte; data
+    without such a symbol (cubins, dependency files) is returned as it is.
+    """
+    import tempfile
+
+    if not data.startswith(b"\x7fELF") or b".cudafe1.cpp" not in data:
+        return data
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "object.o"
+        path.write_bytes(data)
+        subprocess.run(["objcopy", "-w", "--strip-symbol=*.cudafe1.cpp", str(path)], check=True)
+        return path.read_bytes()
+
+
 def make_bin(where: Path) -> Path:
     """A directory holding ``kernelcache`` and ``kernelcache-cli``; returns ``kernelcache``."""
     where.mkdir(parents=True, exist_ok=True)

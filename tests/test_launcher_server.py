@@ -177,14 +177,19 @@ def test_uncacheable_calls_run_nvcc_and_are_counted_once(setup: Project) -> None
     assert report["reasons"] == {"--version": 1}
 
 
-def _ask_with(cache: Path, protocol: bytes) -> list[bytes] | None:
+def _ask_items(cache: Path, items: list[bytes]) -> list[bytes] | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(cache / "launcher.sock"))
-    sock.sendall(client.pack([protocol, b"/", b"/", b"18", b"0"]))
+    sock.settimeout(60)
+    sock.sendall(client.pack(items))
     try:
         return client.receive(sock)
     finally:
         sock.close()
+
+
+def _ask_with(cache: Path, protocol: bytes) -> list[bytes] | None:
+    return _ask_items(cache, [protocol, b"/", b"/", b"18", b"0"])
 
 
 def test_a_newer_protocol_makes_the_server_exit(setup: Project) -> None:
@@ -329,3 +334,24 @@ def test_the_starter_and_the_client_name_one_socket() -> None:
     from kernelcache.nvcc import spawn
 
     assert os.fsencode(spawn.SOCKET) == client.SOCKET
+
+
+def test_a_malformed_compile_step_is_refused(setup: Project) -> None:
+    """Plans and stores (:mod:`kernelcache.nvcc.compiling`) that make no sense are answered so."""
+    from kernelcache.nvcc.compiling import COMPILE
+
+    setup.warm()
+    where = [os.fsencode(setup.project), os.fsencode(setup.cache), b"18", b"6"]
+    call = [*where, b"nvcc", *map(os.fsencode, CUBIN)]
+    bad_store = [b"not a number", b"0", b"0", b"", b"", b"", b"", b""]
+    for items, expected in (
+        ([COMPILE, b"unknown", *call], b"fallback malformed"),
+        ([COMPILE, b"store", b"1", b"2", b"3", b"/", b"/", b"18"], b"fallback malformed"),
+        ([COMPILE, b"store", *bad_store, *call], b"fallback lookup"),
+        ([COMPILE, b"plan", *call], b"compile"),  # without the environment: another key
+    ):
+        reply = _ask_items(setup.cache, items)
+        assert reply is not None
+        assert b" ".join(reply[: len(expected.split())]) == expected
+    assert setup.run().returncode == 0
+    assert stats(setup.cache)["server_hits"] == 1

@@ -7,7 +7,6 @@ and one warm project per module and use ``-cubin`` where the mode does not matte
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from kernelcache.nvcc import args as nvcc_args
 from kernelcache.nvcc.launcher import launcher_stats, main
+from launcher_env import without_file_symbol
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -94,12 +94,6 @@ def warm_project(workspace: Path) -> Path:
 # Byte-identical outputs ------------------------------------------------------
 
 
-def _mask_pid(data: bytes) -> bytes:
-    # An object from nvcc -c names its temporary files after nvcc's pid
-    # (tmpxft_<pid>_...), so two plain nvcc runs already differ there.
-    return re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_XXXXXXXX_", data)
-
-
 @pytest.mark.parametrize("mode", ["-c", "-ptx", "-cubin", "-fatbin"])
 def test_outputs_are_byte_identical_to_plain_nvcc(
     workspace: Path, mode: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
@@ -130,7 +124,7 @@ def test_outputs_are_byte_identical_to_plain_nvcc(
     assert plain_dep == cold_dep
     assert plain_dep.startswith(b"out/k.bin : k.cu")
     if mode == "-c":
-        assert _mask_pid(plain_out) == _mask_pid(cold_out)
+        assert without_file_symbol(plain_out) == without_file_symbol(cold_out)
     else:
         assert plain_out == cold_out
     assert "unused_on_purpose" in plain.stderr.decode()

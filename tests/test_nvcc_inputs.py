@@ -10,7 +10,6 @@ inputs returns: output bytes and stderr alike.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kernelcache.nvcc.launcher import launcher_stats, main
+from launcher_env import without_file_symbol
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -61,8 +61,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _mask(data: bytes) -> bytes:
-    # Objects name nvcc's temporary files after its pid (tmpxft_<pid>_...).
-    return re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_XXXXXXXX_", data)
+    return without_file_symbol(data)
 
 
 def cached(

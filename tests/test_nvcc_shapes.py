@@ -9,17 +9,25 @@ writes, byte for byte (objects up to nvcc's pid in temporary names).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kernelcache.nvcc import server
-from launcher_env import clean_env, make_bin, reasons, start_server, stats
+from kernelcache.nvcc.launcher import launcher_stats, main
+from launcher_env import (
+    answered,
+    clean_env,
+    make_bin,
+    reasons,
+    start_server,
+    stats,
+    without_file_symbol,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -82,8 +90,7 @@ def written(root: Path, before: set[Path]) -> dict[str, bytes]:
     for path in sorted(root.rglob("*")):
         if path.is_file() and path not in before:
             data = path.read_bytes()
-            # An object names nvcc's temporary files after its pid (tmpxft_<pid>_).
-            out[str(path.relative_to(root))] = re.sub(rb"tmpxft_[0-9a-f]{8}_", b"tmpxft_", data)
+            out[str(path.relative_to(root))] = without_file_symbol(data)
             path.unlink()
     return out
 
@@ -193,3 +200,85 @@ def test_a_header_created_earlier_in_the_search_path_misses(
     assert b"1073741824" in (root / "k.ptx").read_bytes()  # 2.0f, from a/inc.h
     os.unlink(root / "a" / "inc.h")
     assert launcher.outcome(args, root) == "server hit"  # the first variant again
+
+
+# How many preprocessor passes a miss costs ------------------------------------
+
+
+def test_a_first_compile_preprocesses_no_more_than_plain_nvcc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold miss takes its preprocessed key from nvcc's own (kept) passes: no extra ``-E``.
+
+    The host compiler is a wrapper that logs each call, so the passes are
+    counted, not timed. A comment-only edit afterwards still hits through the
+    preprocessed key, which then costs one preprocessing of its own.
+    """
+    real = shutil.which("gcc")
+    assert real is not None
+    log = tmp_path / "calls.log"
+    wrapper = tmp_path / "bin" / "gcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec "{real}" "$@"\n')
+    wrapper.chmod(0o755)
+    root = tmp_path / "p"
+    root.mkdir()
+    source = "__global__ void counted(float* y) { y[threadIdx.x] *= 2.0f; }\n"
+    (root / "k.cu").write_text(source)
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "cache"))
+    for name in ("KERNELCACHE_BASEDIR", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["-ccbin", str(wrapper), "-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD", "-MF", "k.o.d"]
+
+    def passes(run: Callable[[], object]) -> int:
+        log.write_text("")
+        run()
+        # nvcc's own probe of the compiler preprocesses a temporary file, not k.cu
+        words = [line.split() for line in log.read_text().splitlines()]
+        return sum("-E" in w and "k.cu" in w for w in words)
+
+    plain = passes(lambda: subprocess.run(["nvcc", *args], check=True, capture_output=True))
+    assert plain >= 2  # the host pass and one per device architecture
+    before = launcher_stats()
+    assert passes(lambda: main(["nvcc", *args])) == plain
+    assert launcher_stats()["misses"] == before.get("misses", 0) + 1
+    (root / "k.cu").write_text(source + "// a comment\n")
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS): else not recorded
+    assert passes(lambda: main(["nvcc", *args])) == plain  # the preprocessed lookup only
+    after = launcher_stats()
+    assert after["hits"] == before.get("hits", 0) + 1
+    assert after.get("preprocessed_hits", 0) == before.get("preprocessed_hits", 0) + 1
+
+
+def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path: Path) -> None:
+    """A cold miss imports no cache in a new process: the warm server plans and stores it.
+
+    The client's fallback process asks the server for a plan, runs nvcc
+    itself and sends the run back (issue 23: importing the cache cost ~0.25 s
+    of CPU per cold object). Its imports are listed (``PYTHONPROFILEIMPORTTIME``).
+    """
+    tool = Launcher(make_bin(tmp_path / "bin"), tmp_path / "cache")
+    start_server(tool.cache_dir, tool.env)
+    root = project(tmp_path / "p", KERNEL.replace("scale", "planned"))
+    args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
+    try:
+        before = stats(tool.cache_dir)
+        proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
+        assert proc.returncode == 0, proc.stderr
+        assert stats(tool.cache_dir)["misses"] == before["misses"] + 1
+        imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
+        assert any(b"kernelcache.nvcc.compiling" in line for line in imported)
+        assert not any(b"kernelcache.cache" in line for line in imported)
+        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
+        assert plain.returncode == 0
+        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
+            (root / "plain.o").read_bytes()
+        )
+        assert tool.outcome(args, root) == "server hit"
+    finally:
+        server.stop(str(tool.cache_dir))
+    counts = answered(tool.cache_dir)
+    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 1, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 1, counts

@@ -184,15 +184,27 @@ def connect(directory: bytes, timeout: float) -> _socket.socket | None:
     return sock
 
 
-def ask(directory: bytes, argv: list[bytes], cwd: bytes) -> list[bytes] | None:
-    """The server's answer to this call, or ``None`` when no server could give one."""
-    sock = connect(directory, _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT")))
+def ask(
+    directory: bytes,
+    argv: list[bytes],
+    cwd: bytes,
+    head: list[bytes] | None = None,
+    most: float | None = None,
+) -> list[bytes] | None:
+    """The server's answer to this call, or ``None`` when no server could give one.
+
+    ``head``: what comes before the call (default: :data:`PROTOCOL`; a
+    compile step's, :mod:`kernelcache.nvcc.compiling`); ``most``: seconds to
+    wait at most, below ``KERNELCACHE_SERVER_TIMEOUT``.
+    """
+    timeout = _timeout(_environ().get(b"KERNELCACHE_SERVER_TIMEOUT"))
+    sock = connect(directory, timeout if most is None else min(timeout, most))
     if sock is None:
         return None
     env = [k + b"=" + v for k, v in _environ().items()]
     umask = posix.umask(0o022)  # read it (the only way), then put it back
     posix.umask(umask)
-    request = [PROTOCOL, cwd, directory, b"%d" % umask, b"%d" % len(argv), *argv, *env]
+    request = [*(head or [PROTOCOL]), cwd, directory, b"%d" % umask, b"%d" % len(argv), *argv, *env]
     try:
         sock.sendall(pack(request))
         return receive(sock)

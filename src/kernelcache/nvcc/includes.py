@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
+    from kernelcache.directives import Directives
     from kernelcache.nvcc.args import Invocation
 
 
@@ -44,12 +45,33 @@ class Unsure(Exception):
     """A dependency names headers in a way the scanner cannot follow exactly (the reason)."""
 
 
+#: What this process read in each file's content: its directives and time macro, by the
+#: bytes themselves (a pure function of them). The server stores compile after compile
+#: of the same headers (a CUDA source reaches ~190), so each is scanned once.
+_SCANS: dict[bytes, tuple[Directives, str | None]] = {}
+_SCANS_MAX_BYTES = 64 << 20
+_scanned_bytes = 0
+
+
+def _scan(data: bytes) -> tuple[Directives, str | None]:
+    global _scanned_bytes
+    found = _SCANS.get(data)
+    if found is None:
+        from kernelcache import directives  # a miss only: a hit compiles none of its patterns
+
+        found = directives.scan(data), directives.time_macro(data)
+        if _scanned_bytes + len(data) > _SCANS_MAX_BYTES:
+            _SCANS.clear()
+            _scanned_bytes = 0
+        _SCANS[data] = found
+        _scanned_bytes += len(data)
+    return found
+
+
 def time_macro(contents: Mapping[str, bytes]) -> str | None:
     """``"__TIME__ in k.cu"`` for the first file that mentions a time macro, else ``None``."""
-    from kernelcache import directives  # a miss only: a hit compiles none of its patterns
-
     for path, data in contents.items():
-        macro = directives.time_macro(data)
+        macro = _scan(data)[1]
         if macro is not None:
             return f"{macro} in {path}"
     return None
@@ -65,9 +87,7 @@ def search_path(inv: Invocation, env: Mapping[str, str]) -> tuple[list[str], lis
 
 def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
     """``(quoted, next, name)`` of every include-like directive in a file; :class:`Unsure` if unclear."""
-    from kernelcache import directives
-
-    found = directives.scan(data)
+    found = _scan(data)[0]
     if found.unsure is not None:
         raise Unsure(f"{path}: {found.unsure}")
     return found.includes

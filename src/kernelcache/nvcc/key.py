@@ -193,6 +193,19 @@ def preprocessed_key(command: str, digests: list[str]) -> str:
     return builder.add("preprocessed", digests).hexdigest()
 
 
+def seen_key(command: str) -> str:
+    """The key of the mark that a result of this command was stored under a preprocessed key.
+
+    Preprocessed keys include the command key, so without the mark no
+    preprocessed result of this command can be found: a direct miss then skips
+    the preprocessing pass (the mark only saves work; a lost mark costs one
+    preprocessed hit, never a wrong one).
+    """
+    from kernelcache.keys import KeyBuilder
+
+    return KeyBuilder("kernelcache.nvcc.seen").add("command", command).hexdigest()
+
+
 def result_key(direct: str, rows: list[list[Any]]) -> str:
     """The key of a result nvcc could not preprocess: the direct key and every dependency."""
     from kernelcache.keys import KeyBuilder

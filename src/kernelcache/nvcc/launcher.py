@@ -29,6 +29,13 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+if __name__ == "__main__":
+    # The client's way in when the server gave no hit: a first compile goes
+    # through the warm server before this process imports the cache.
+    from kernelcache.nvcc import compiling
+
+    compiling.main(sys.argv[1:])  # exits when it did the call
+
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import ENV_VARS, host_compiler, resolve_compiler

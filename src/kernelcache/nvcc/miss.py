@@ -1,7 +1,10 @@
 """A direct-mode miss: try the preprocessed key, else run nvcc, pass its results through, cache them.
 
 1. nvcc's own preprocessing gives the *preprocessed key*
-   (:mod:`kernelcache.nvcc.preprocess`). A result stored under it (the same
+   (:mod:`kernelcache.nvcc.preprocess`), unless no result of this command was
+   ever stored under one (no mark under :func:`kernelcache.nvcc.key.seen_key`):
+   then nvcc compiles at once with ``--keep`` and the key is taken from the
+   files its own preprocessing passes left, with no pass run twice. A result stored under it (the same
    compile before a comment-only edit) is restored, and the manifest under the
    direct key gains a variant for today's dependencies.
 2. Otherwise nvcc compiles. The result is stored under the preprocessed key
@@ -48,6 +51,12 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     if nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
         from kernelcache.nvcc import preprocess
 
+        if cache.get(nvcc_key.seen_key(job.command)) is None:
+            # No result of this command was ever stored under a preprocessed
+            # key, so none can be found: compile at once, and take the key
+            # from the preprocessed files the compile itself leaves behind.
+            return _compile(cache, job, None, started, learn=True)
+
         digests = preprocess.digests(job.nvcc, job.inv, job.env, job.basedir)
         pre = nvcc_key.preprocessed_key(job.command, digests) if digests else None
     if pre is not None:
@@ -81,31 +90,89 @@ def _preprocessed_hit(
     return Outcome("hits", saved=saved_seconds(result), detail="preprocessed_hits")
 
 
-def _compile(cache: Cache, job: Job, pre: str | None, started: int) -> tuple[int, Outcome]:
+def _compile(
+    cache: Cache, job: Job, pre: str | None, started: int, learn: bool = False
+) -> tuple[int, Outcome]:
+    """Run nvcc and cache its result; ``learn``: the preprocessed key comes from its kept files."""
+    import shutil
     import subprocess
     import tempfile
 
     inv = job.inv
     fd, own_dep = tempfile.mkstemp(prefix="kernelcache-", suffix=".d")
     os.close(fd)
+    keep_dir = tempfile.mkdtemp(prefix="kernelcache-") if learn else None
     try:
         # Without a user -MD, nvcc writes its dependency list for us in the same
         # run: no separate preprocessor pass (the output is unchanged by -MD).
         extra = ["-MD", "-MF", own_dep] if inv.depmode is None else []
+        if keep_dir is not None:
+            extra += ["--keep", "--keep-dir", keep_dir]
         began = time.time_ns()
         try:
-            proc = subprocess.run([job.nvcc, *job.args, *extra], capture_output=True, check=False)
+            proc = subprocess.Popen(
+                [job.nvcc, *job.args, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
         except OSError as exc:
             print(f"kernelcache: cannot run {job.nvcc}: {exc}", file=sys.stderr)
             return 127, Outcome("failed")
+        with proc:
+            # Which kept files its passes write: asked while it compiles.
+            kept = _plan_keep(job, keep_dir) if keep_dir is not None else None
+            stdout, stderr = proc.communicate()
         elapsed = (time.time_ns() - began) / 1e9
-        replay(proc.stdout, proc.stderr)
+        replay(stdout, stderr)
         if proc.returncode != 0:
             return proc.returncode, Outcome("failed")
-        why = _store(cache, job, pre, proc, own_dep, started, elapsed)
-        return 0, Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
+        return 0, finish(cache, job, pre, kept, (stdout, stderr, elapsed), own_dep, started)
     finally:
         os.unlink(own_dep)
+        if keep_dir is not None:
+            shutil.rmtree(keep_dir, ignore_errors=True)
+
+
+def finish(
+    cache: Cache,
+    job: Job,
+    pre: str | None,
+    kept: list[str] | None,
+    run: tuple[bytes, bytes, float],
+    own_dep: str,
+    started: int,
+) -> Outcome:
+    """Cache a successful compile (``run``: its stdout, stderr and seconds) and say how it went.
+
+    ``kept``: the files its preprocessing passes left (``--keep``), which give
+    the preprocessed key; the command is then marked as stored under one.
+    """
+    if kept is not None:
+        pre = _kept_key(job, kept)
+    why = _store(cache, job, pre, run, own_dep, started)
+    if why is None and kept is not None and pre is not None:
+        from kernelcache.entry import Entry
+
+        cache.put(nvcc_key.seen_key(job.command), Entry({}))
+    return Outcome("misses") if why is None else Outcome("uncacheable", reason=why)
+
+
+def _plan_keep(job: Job, keep_dir: str) -> list[str] | None:
+    from kernelcache.nvcc import preprocess
+
+    return preprocess.kept_files(job.nvcc, job.args, keep_dir, job.env)
+
+
+def _kept_key(job: Job, kept: list[str]) -> str | None:
+    """The preprocessed key from the files a ``--keep`` compile left, or ``None``."""
+    from kernelcache.nvcc import preprocess
+
+    digests = []
+    for path in kept:
+        try:
+            with open(path, "rb") as f:
+                digests.append(preprocess.hash_output(f.read(), job.basedir))
+        except OSError:
+            return None
+    return nvcc_key.preprocessed_key(job.command, digests)
 
 
 def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
@@ -134,10 +201,9 @@ def _store(
     cache: Cache,
     job: Job,
     pre: str | None,
-    proc: Any,
+    run: tuple[bytes, bytes, float],
     own_dep: str,
     started: int,
-    elapsed: float,
 ) -> str | None:
     """Cache a successful compile; returns why it was not cached, or ``None``."""
     from kernelcache.entry import Entry
@@ -166,7 +232,8 @@ def _store(
     if recorded[1] is None and pre is None:
         return "include directives the scanner cannot follow, and no preprocessed key"
     stored, encoding = pack_output(output)
-    artifacts = {"output": stored, "stdout": proc.stdout, "stderr": proc.stderr}
+    stdout, stderr, elapsed = run
+    artifacts = {"output": stored, "stdout": stdout, "stderr": stderr}
     if user_dep is not None:
         body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
         if body is None:

@@ -4,15 +4,18 @@
 its preprocessing steps are the host compiler runs with ``-E``: one for the
 host side and one per device architecture (``-D__CUDA_ARCH__=900``). They
 are run as printed, with their output to a pipe instead of a temporary file,
-and their outputs are hashed in order. Two compiles that preprocess the same
+and their outputs are hashed host first, then by architecture. Two compiles that preprocess the same
 (a header differing only in a comment or in spaces within a line) then get
 the same key (ccache's "preprocessor mode", as its fallback after a direct
 miss). Line markers are kept: they reach warnings and debug info. With
 ``KERNELCACHE_BASEDIR`` its absolute prefix is replaced by a token, as in
 keyed arguments.
 
-Used only on a direct-mode miss, before compiling: it costs a dry run and one
-preprocessor run per pass.
+Used on a direct-mode miss, before compiling: it costs a dry run and one
+preprocessor run per pass. A command never stored under a preprocessed key
+before skips that (nothing could be found): it compiles with ``--keep`` into a
+temporary directory and hashes the files nvcc's own passes left there
+(:func:`kept_files`).
 """
 
 from __future__ import annotations
@@ -37,44 +40,116 @@ _ENV_FROM_DRYRUN = ("PATH", "LD_LIBRARY_PATH")
 _TIMEOUT = 600
 
 
-def commands(
-    nvcc: str, inv: Invocation, env: Mapping[str, str]
+def _dryrun(
+    nvcc: str, args: list[str], env: Mapping[str, str]
 ) -> tuple[list[list[str]], dict[str, str]] | None:
-    """The preprocessing commands of this compile and their environment, or ``None``."""
-    # The same compile, writing nothing: outputs and dependency options removed.
-    args = [*without_outputs(inv.args), *inv.modes, "-o", os.devnull, "--dryrun"]
+    """The ``-E`` steps nvcc prints for ``args`` (with ``--dryrun``) and their environment."""
     try:
         proc = subprocess.run(
-            [nvcc, *args], capture_output=True, env=dict(env), timeout=_TIMEOUT, check=False
+            [nvcc, *args, "--dryrun"],
+            capture_output=True,
+            env=dict(env),
+            timeout=_TIMEOUT,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
         return None
+    return read_dryrun(proc.stderr, env)
+
+
+def read_dryrun(
+    printed: bytes, env: Mapping[str, str]
+) -> tuple[list[list[str]], dict[str, str]] | None:
+    """The ``-E`` steps and their environment in what ``nvcc --dryrun`` printed (its stderr)."""
     run_env = dict(env)
     found: list[list[str]] = []
-    for raw in proc.stderr.decode("utf-8", "surrogateescape").splitlines():
+    for raw in printed.decode("utf-8", "surrogateescape").splitlines():
         if not raw.startswith("#$ "):
             continue
         line = raw[3:].strip()
+        assignment = _ASSIGNMENT.match(line) is not None
+        if not assignment and " -E " not in line and '"-E"' not in line:
+            continue  # neither a variable nor a preprocessing step: not split (shlex is slow)
         try:
             words = shlex.split(line)
         except ValueError:
             return None  # a line we cannot read: no preprocessed key rather than a wrong one
-        if len(words) == 1 and _ASSIGNMENT.match(line):
+        if len(words) == 1 and assignment:
             name, _, value = words[0].partition("=")
             if name in _ENV_FROM_DRYRUN:
                 run_env[name] = value
-        elif "-E" in words and "-o" in words:
-            i = words.index("-o")
-            found.append(words[:i] + words[i + 2 :])
+        elif "-E" in words and "-o" in words[:-1]:
+            found.append(words)
+    # nvcc orders the passes differently with and without -MD or --keep: host
+    # first, then each architecture in order, so every plan hashes alike.
+    found.sort(key=_arch)
     return (found, run_env) if found else None
+
+
+def _arch(words: list[str]) -> str:
+    """The ``__CUDA_ARCH__`` a preprocessing pass defines; ``""`` for the host pass."""
+    for word in words:
+        if word.startswith("-D__CUDA_ARCH__="):
+            return word.partition("=")[2].rjust(8, "0")
+    return ""
+
+
+def commands(
+    nvcc: str, inv: Invocation, env: Mapping[str, str]
+) -> tuple[list[list[str]], dict[str, str]] | None:
+    """The preprocessing commands of this compile and their environment, or ``None``."""
+    # The same compile, writing nothing: outputs and dependency options removed.
+    planned = _dryrun(nvcc, [*without_outputs(inv.args), *inv.modes, "-o", os.devnull], env)
+    if planned is None:
+        return None
+    steps, run_env = planned
+    found = []
+    for words in steps:
+        i = words.index("-o")
+        found.append(words[:i] + words[i + 2 :])
+    return found, run_env
+
+
+def kept_files(
+    nvcc: str, args: list[str], keep_dir: str, env: Mapping[str, str]
+) -> list[str] | None:
+    """The files the preprocessing steps of ``nvcc args`` write into ``keep_dir``, in order.
+
+    A compile run with ``--keep --keep-dir keep_dir`` leaves them there: the
+    same steps as :func:`commands` (only their ``-o`` differs), so hashing them
+    with :func:`hash_output` gives the same digests without preprocessing twice.
+    """
+    return kept_in(_dryrun(nvcc, keep_args(args, keep_dir), env), keep_dir)
+
+
+def keep_args(args: list[str], keep_dir: str) -> list[str]:
+    """``args`` keeping nvcc's intermediate files in ``keep_dir``."""
+    return [*args, "--keep", "--keep-dir", keep_dir]
+
+
+def kept_in(
+    planned: tuple[list[list[str]], dict[str, str]] | None, keep_dir: str
+) -> list[str] | None:
+    """The files the steps of a ``--keep`` dry run write, if all of them go to ``keep_dir``."""
+    if planned is None:
+        return None
+    files = [words[words.index("-o") + 1] for words in planned[0]]
+    return files if all(os.path.dirname(f) == keep_dir for f in files) else None
+
+
+def hash_output(text: bytes, basedir: str | None) -> str:
+    """The digest of one preprocessed output (the basedir prefix as a token)."""
+    if basedir:
+        text = text.replace(os.fsencode(basedir + os.sep), BASE_TOKEN.encode())
+    return sha256(text).hexdigest()
 
 
 def digests(
     nvcc: str, inv: Invocation, env: Mapping[str, str], basedir: str | None
 ) -> list[str] | None:
-    """SHA-256 of each preprocessed output, in nvcc's order; ``None`` if unavailable."""
+    """SHA-256 of each preprocessed output (host, then by architecture); ``None`` if unavailable."""
     planned = commands(nvcc, inv, env)
     if planned is None:
         return None
@@ -89,8 +164,5 @@ def digests(
             return None
         if proc.returncode != 0:
             return None  # the compile will report it
-        text = proc.stdout
-        if basedir:
-            text = text.replace(os.fsencode(basedir + os.sep), BASE_TOKEN.encode())
-        out.append(sha256(text).hexdigest())
+        out.append(hash_output(proc.stdout, basedir))
     return out

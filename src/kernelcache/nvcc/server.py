@@ -39,12 +39,14 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from kernelcache import _trust
 from kernelcache.cache import Cache
 from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import PROTOCOL, SOCKET, pack, receive
+from kernelcache.nvcc.compiling import COMPILE
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
@@ -53,6 +55,9 @@ from kernelcache.nvcc.outputs import write_outputs
 from kernelcache.nvcc.spawn import STARTING
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
+
+if TYPE_CHECKING:
+    from kernelcache.entry import Entry
 
 DEFAULT_IDLE = 600.0
 #: The server's output, appended (it opens it itself, once the directory is checked).
@@ -138,7 +143,9 @@ class Server:
             return True
         # Asked while the client waits: once answered, it may be gone.
         compiled = is_compiled_client(pid)
-        if request[0] != PROTOCOL:
+        if request[0] == COMPILE and len(request) > 6:
+            reply, stay = self.compile_step(request[1:]), True
+        elif request[0] != PROTOCOL:
             # A newer client's server takes over (its client starts it once
             # this one is gone); an older or unknown one is answered and this
             # server stays: two versions sharing a directory never make
@@ -157,7 +164,7 @@ class Server:
         """What it answered, for the log (each kind for each client), or ``None`` if nothing."""
         if not self.answered:
             return None
-        kinds = ("hit", "plain", "fallback")
+        kinds = ("hit", "plain", "fallback", "compile", "stored")
         parts = [
             " ".join(f"{k}={self.answered.get((k, native), 0)}" for k in kinds)
             for native in (False, True)
@@ -165,6 +172,18 @@ class Server:
         return f"answered python client {parts[0]}; compiled client {parts[1]}"
 
     def answer(self, request: list[bytes]) -> list[bytes]:
+        found = self._prepare(request)
+        if isinstance(found, list):
+            return found
+        settings, job, cache = found
+        try:
+            hit = lookup(cache.get, job)
+        except (OSError, ValueError, KernelCacheError):
+            return [b"fallback", b"lookup"]  # the in-process run says or counts why
+        return self._hit(settings, job, hit) or [b"fallback", b"miss"]
+
+    def _prepare(self, request: list[bytes]) -> list[bytes] | tuple[Settings, Job, Cache]:
+        """Settings, job and cache of a request, entered in its directory; else the reply."""
         cwd, directory, umask, count = request[:4]
         if not (count.isdigit() and umask.isdigit()):
             return [b"fallback", b"malformed"]
@@ -188,16 +207,38 @@ class Server:
             Outcome("uncacheable", reason=inv.reason).record(settings)
             return [b"plain", os.fsencode(nvcc)]
         try:
-            job = Job.prepare(nvcc, inv, env, self.known)
-            cache = self._cache(settings)
-            hit = lookup(cache.get, job)
+            return settings, Job.prepare(nvcc, inv, env, self.known), self._cache(settings)
         except (OSError, ValueError, KernelCacheError):
-            return [b"fallback", b"lookup"]  # the in-process run says or counts why
-        if hit is None or not write_outputs(inv, hit[1], job.basedir):
-            return [b"fallback", b"miss"]
+            return [b"fallback", b"lookup"]
+
+    def _hit(
+        self, settings: Settings, job: Job, hit: tuple[Entry, Entry] | None
+    ) -> list[bytes] | None:
+        if hit is None or not write_outputs(job.inv, hit[1], job.basedir):
+            return None
         result = hit[1]
         Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
         return [b"hit", b"0", result["stdout"], result["stderr"]]
+
+    def compile_step(self, request: list[bytes]) -> list[bytes]:
+        """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan or store."""
+        from kernelcache.nvcc import compiling
+
+        step, fields = request[0], compiling.STEPS.get(request[0])
+        if fields is None or len(request) < 1 + fields + 4:
+            return [b"fallback", b"malformed"]
+        found = self._prepare(request[1 + fields :])
+        if isinstance(found, list):
+            return found
+        settings, job, cache = found
+        try:
+            if step == b"plan":
+                return self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
+                    cache, job
+                )
+            return compiling.store(settings, cache, job, request[1 : 1 + fields])
+        except (OSError, ValueError, KernelCacheError):
+            return [b"fallback", b"lookup"]
 
     def _cache(self, settings: Settings) -> Cache:
         cache = self.caches.get(settings)

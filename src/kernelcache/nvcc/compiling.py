@@ -1,0 +1,182 @@
+"""A first miss compiled by the calling process, with the warm server doing the bookkeeping.
+
+When the server answers a client "miss", the client starts
+``python -m kernelcache.nvcc.launcher`` (:mod:`kernelcache.nvcc.client`),
+which would import the whole cache (~0.25 s of CPU) to do what the warm server
+already knows how to do. Instead, :func:`run` (imported before anything else
+by that module) asks the server for a *plan*; for a command never stored under
+a preprocessed key (the cold path of :mod:`kernelcache.nvcc.miss`) the server
+answers with the exact nvcc command line, and this process:
+
+1. runs nvcc itself, as the in-process launcher would (``--keep`` into a
+   temporary directory, ``-MD -MF`` to a temporary file without a user
+   ``-MD``), so it stays the build's child with the build's limits and
+   signals; while nvcc runs, it asks nvcc (``--dryrun``) which files its
+   preprocessing passes keep;
+2. hands nvcc's stdout, stderr and status through, as nvcc gave them;
+3. sends the run to the server to *store* (:func:`store`: the same
+   :func:`kernelcache.nvcc.miss.finish` as in-process, with every rule of a
+   miss), waits for its answer (so the call is counted when it returns), and
+   removes its temporary files.
+
+Anything else (no server, another answer, a command seen before) returns
+``None``: the in-process launcher runs the call, correct without any server.
+A store that is lost (the server died) loses only the entry.
+"""
+
+from __future__ import annotations
+
+import os
+import posix
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from kernelcache.nvcc import client
+
+if TYPE_CHECKING:
+    from kernelcache.cache import Cache
+    from kernelcache.nvcc.job import Job
+    from kernelcache.settings import Settings
+
+#: The protocol of these requests: ``[COMPILE, step, fields..., cwd, dir, umask, argc, argv..., env...]``.
+COMPILE = b"kernelcache-launcher-compile/1"
+#: Seconds a plan is waited for at most (a warm server answers in milliseconds).
+PLAN_TIMEOUT = 2.0
+#: How many fields each step carries before the request proper.
+STEPS = {b"plan": 0, b"store": 8}
+
+
+def run(argv: list[str]) -> int | None:
+    """nvcc's status once this call was compiled (or hit) through the server; ``None``: not done."""
+    env = dict(os.environb)
+    if client.is_false(env.get(b"KERNELCACHE_SERVER")) or client.is_true(
+        env.get(b"KERNELCACHE_READONLY")
+    ):
+        return None
+    cwd = posix.getcwdb()
+    directory = client.cache_dir(env, cwd)
+    if directory is None:
+        return None
+    args = [os.fsencode(a) for a in argv]
+    # Asked after a server answered this process (before its exec) with no
+    # hit, for any reason: one that hung or answered oddly costs at most this.
+    reply = client.ask(directory, args, cwd, [COMPILE, b"plan"], PLAN_TIMEOUT)
+    if reply and reply[0] == b"hit" and len(reply) == 4 and reply[1].isdigit():
+        _write(1, reply[2])
+        _write(2, reply[3])
+        return int(reply[1])
+    if reply and reply[0] == b"plain" and len(reply) == 2 and reply[1]:
+        # Counted by the server as uncacheable (or the cache is disabled): nvcc as it is.
+        try:
+            os.execv(reply[1], [reply[1], *args[1:]])
+        except OSError as exc:
+            _write(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
+            return 127
+    if not reply or reply[0] != b"compile" or len(reply) < 3:
+        return None
+    nvcc = os.fsdecode(reply[1])
+    return _compile(directory, (args, cwd), nvcc, reply[2] == b"1", reply[3:])
+
+
+def _compile(
+    directory: bytes, call: tuple[list[bytes], bytes], nvcc: str, own_md: bool, planned: list[bytes]
+) -> int:
+    import shutil
+    import subprocess
+    import tempfile
+
+    args = [os.fsdecode(a) for a in planned]
+    keep_dir = tempfile.mkdtemp(prefix="kernelcache-")
+    own_dep = ""
+    try:
+        extra = ["--keep", "--keep-dir", keep_dir]
+        if own_md:
+            fd, own_dep = tempfile.mkstemp(prefix="kernelcache-", suffix=".d")
+            posix.close(fd)
+            extra = ["-MD", "-MF", own_dep, *extra]
+        started = time.time_ns()  # as the in-process miss: an edit after it is a race
+        try:
+            proc = subprocess.Popen(
+                [nvcc, *args, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            stdout, stderr = (
+                b"",
+                b"kernelcache: cannot run %s: %s\n" % (os.fsencode(nvcc), str(exc).encode()),
+            )
+            status, dryrun = 127, b""  # counted failed, as in-process
+        else:
+            with proc:
+                dryrun = _dryrun([nvcc, *args, *extra[-3:]])  # while it compiles
+                stdout, stderr = proc.communicate()
+            status = proc.returncode
+        elapsed = (time.time_ns() - started) / 1e9
+        _write(1, stdout)
+        _write(2, stderr)
+        fields = [b"%d" % started, repr(elapsed).encode(), b"%d" % status]
+        fields += [os.fsencode(own_dep), os.fsencode(keep_dir), dryrun, stdout, stderr]
+        client.ask(directory, call[0], call[1], [COMPILE, b"store", *fields])
+        return status if status >= 0 else 128 - status
+    finally:
+        shutil.rmtree(keep_dir, ignore_errors=True)
+        if own_dep:
+            posix.unlink(own_dep)
+
+
+def _write(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _dryrun(argv: list[str]) -> bytes:
+    """What ``nvcc --dryrun`` prints (its stderr); empty when it fails."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([*argv, "--dryrun"], capture_output=True, timeout=600, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return b""
+    return bytes(proc.stderr) if proc.returncode == 0 else b""
+
+
+# The server's side ---------------------------------------------------------------
+
+
+def plan(cache: Cache, job: Job) -> list[bytes]:
+    """The server's answer to a plan after a direct miss: ``compile`` for a first compile."""
+    from kernelcache.nvcc import key as nvcc_key
+
+    if not nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
+        return [b"fallback", b"miss"]
+    if cache.get(nvcc_key.seen_key(job.command)) is not None:
+        return [b"fallback", b"miss"]  # a preprocessed lookup first: the in-process launcher's
+    own_md = b"1" if job.inv.depmode is None else b"0"
+    return [b"compile", os.fsencode(job.nvcc), own_md, *map(os.fsencode, job.args)]
+
+
+def store(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> list[bytes]:
+    """Cache a client's compile (:func:`kernelcache.nvcc.miss.finish`) and count it."""
+    from kernelcache.nvcc import miss, preprocess
+    from kernelcache.nvcc.job import Outcome
+
+    started, elapsed, status = int(fields[0]), float(fields[1]), int(fields[2])
+    own_dep, keep_dir = os.fsdecode(fields[3]), os.fsdecode(fields[4])
+    if status != 0:
+        outcome = Outcome("failed")
+    else:
+        kept = preprocess.kept_in(preprocess.read_dryrun(fields[5], job.env), keep_dir)
+        outcome = miss.finish(
+            cache, job, None, kept, (fields[6], fields[7], elapsed), own_dep, started
+        )
+    outcome.record(settings)
+    return [b"stored", outcome.event.encode()]
+
+
+def main(argv: list[str]) -> None:
+    """Exit with nvcc's status when :func:`run` did the call; return otherwise."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    status = run(argv)
+    if status is not None:
+        os._exit(status)  # everything was written unbuffered; no clean-up to wait for
