@@ -5,7 +5,7 @@
 MODE ``infer``: a model's inference graph; ``train``: the same model's forward and
 backward; ``both``: one then the other. The model: two bias-free linear layers,
 which Inductor compiles to matrix multiplies only (no C++ kernel, so no g++ run:
-the graph caches without ~10 s of builds per cold machine), or with
+~5 s of CPU less per kernel on a cold machine, and ~4 s for the ISA probe), or with
 ``KC_TEST_MODEL=mlp`` an MLP whose ReLU is a C++ kernel (a ``.so`` per graph, and
 a compile long enough for a race). With GO_FILE, the child waits for that file
 (the parent releases several children at once). With KC_TEST_SAVE_ARTIFACTS
