@@ -2,12 +2,16 @@
 
     python inductor_worker.py MODE [GO_FILE]
 
-MODE ``infer``: an MLP's inference graph; ``train``: the same MLP's forward and
-backward; ``both``: one then the other. With GO_FILE, the child waits for that
-file (the parent releases several children at once). With KC_TEST_SAVE_ARTIFACTS
+MODE ``infer``: a model's inference graph; ``train``: the same model's forward and
+backward; ``both``: one then the other. The model: two bias-free linear layers,
+which Inductor compiles to matrix multiplies only (no C++ kernel, so no g++ run:
+~5 s of CPU less per kernel on a cold machine, and ~4 s for the ISA probe), or with
+``KC_TEST_MODEL=mlp`` an MLP whose ReLU is a C++ kernel (a ``.so`` per graph, and
+a compile long enough for a race). With GO_FILE, the child waits for that file
+(the parent releases several children at once). With KC_TEST_SAVE_ARTIFACTS
 set, it writes torch's Mega-Cache blob there. Its last line of output
-is a JSON report: torch's cache counters, kernelcache.inductor.stats(), and
-whether outputs and gradients equal eager mode's.
+is a JSON report: torch's cache counters, kernelcache.inductor.stats(), the C++
+build hooks' counters, and whether outputs and gradients equal eager mode's.
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ import torch
 
 import children
 import kernelcache.inductor as kci
+from kernelcache.inductor import cpp
 
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    if os.environ.get("KC_TEST_MODEL") == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 4, bias=False)
+    )
 
 
 def infer() -> bool:
@@ -71,6 +80,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         "inductor": dict(counters["inductor"]),
         "aot": dict(counters["aot_autograd"]),
         "kc": kci.stats(),
+        "cpp": cpp.stats(),
     }
 
 

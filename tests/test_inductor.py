@@ -4,6 +4,9 @@ A "machine" is a process with a local cache directory and a
 ``TORCHINDUCTOR_CACHE_DIR`` of its own; machines share the suite's Redis.
 One team (machine A's compile of an inference and a training graph) is made
 once per module and reused; tests that damage the team's entries make their own.
+The model compiles to matrix multiplies only (no g++ run: tests/inductor_worker.py)
+except where C++ kernels are the point: the trust test (a ``.so`` is code too)
+and the race (a compile long enough for the others to arrive during it).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ WORKER = HERE / "inductor_worker.py"
 SECRET = "team-secret-for-tests"
 # One graph for inference, two (forward, backward) for training.
 GRAPHS = {"infer": 1, "train": 2, "both": 3}
+#: The worker's model with a C++ kernel per graph.
+MLP = {"KC_TEST_MODEL": "mlp"}
 
 
 def machine(tmp: Path, name: str, remote: str | None, **extra: str) -> dict[str, str]:
@@ -127,35 +132,6 @@ def test_corrupt_disk_entries_are_recompiled(team: Team, tmp_path: Path) -> None
     assert misses(report) == GRAPHS["both"]
 
 
-class Payload:
-    """Unpickling this writes a marker file: torch's entries are code."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Path.touch, (Path(self.marker),))
-
-
-def _plant(remote: str, marker: Path) -> int:
-    """Replace every torch.compile entry of the team tier by an unsigned one that runs code."""
-    from kernelcache.stores.redis import RedisStore
-
-    content = pickle.dumps(Payload(str(marker)))
-    document = {"data": base64.b64encode(content).decode("ascii"), "time_taken_ms": 1}
-    value = Entry({backend.VALUE: json.dumps(document).encode()})
-    store = RedisStore(remote)  # no secret: unsigned values
-    planted = 0
-    for key in list(store.keys()):
-        # Whoever can write to the team's Redis can delete a signed entry first (a keyless
-        # client never replaces one, issue 20): only the readers' rule keeps the payload out.
-        store.delete(key)
-        store.put(key, value)
-        planted += 1
-    store.close()
-    return planted
-
-
 def test_corrupt_redis_values_are_recompiled(team: Team, raw: Any) -> None:
     # Damages the team's entries: the last test of this module to use them.
     damaged = 0
@@ -169,31 +145,67 @@ def test_corrupt_redis_values_are_recompiled(team: Team, raw: Any) -> None:
     assert misses(report) == GRAPHS["both"]
 
 
+class Payload:
+    """Unpickling this writes a marker file: torch's entries are code."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (Path(self.marker),))
+
+
+def _plant(source: str, target: str, marker: Path) -> int:
+    """Put an unsigned entry that runs code in ``target`` under every key that ``source``
+    holds (the writer's torch.compile entries: graphs and ``.so`` files)."""
+    from kernelcache.stores.redis import RedisStore
+
+    content = pickle.dumps(Payload(str(marker)))
+    document = {"data": base64.b64encode(content).decode("ascii"), "time_taken_ms": 1}
+    value = Entry({backend.VALUE: json.dumps(document).encode()})
+    keys = RedisStore(source)
+    store = RedisStore(target)  # no secret: unsigned values
+    planted = 0
+    for key in list(keys.keys()):
+        # An empty namespace: nothing signed to delete first (a keyless client never
+        # replaces a signed entry, issue 20; whoever can write to the Redis can delete it).
+        store.put(key, value)
+        planted += 1
+    keys.close()
+    store.close()
+    return planted
+
+
 @pytest.mark.slow
 def test_an_unsigned_team_entry_is_never_unpickled(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
-    trusting = {"KERNELCACHE_INDUCTOR_TRUST_UNSIGNED": "1"}
-    run(machine(tmp_path, "writer", remote, **trusting), "infer")
-    marker = tmp_path / "unpickled"
-    assert _plant(remote, marker) >= GRAPHS["infer"]
-
-    keyless = children.start(WORKER, machine(tmp_path, "keyless", remote), "infer")
-    signed = children.start(
-        WORKER, machine(tmp_path, "signed", remote, KERNELCACHE_SECRET=SECRET), "infer"
+    written, refused, trusted = (
+        f"{redis_server.url}?namespace={unique_namespace()}" for _ in range(3)
     )
+    trusting = {"KERNELCACHE_INDUCTOR_TRUST_UNSIGNED": "1", **MLP}
+    writer = run(machine(tmp_path, "writer", written, **trusting), "infer")
+    assert writer["cpp"]["compiles"] >= 2, "the ISA probe's and the kernel's .so are entries"
+    marker, control = tmp_path / "unpickled", tmp_path / "unpickled-where-trusted"
+    entries = GRAPHS["infer"] + writer["cpp"]["compiles"]
+    assert _plant(written, refused, marker) >= entries
+    assert _plant(written, trusted, control) >= entries
+
+    # All three at once, each on its own copy of the planted entries.
+    keyless = children.start(WORKER, machine(tmp_path, "keyless", refused, **MLP), "infer")
+    signed = children.start(
+        WORKER, machine(tmp_path, "signed", refused, KERNELCACHE_SECRET=SECRET, **MLP), "infer"
+    )
+    # The test can fail: a machine that opts in to unsigned entries runs the payload.
+    opted_in = children.start(WORKER, machine(tmp_path, "trusting", trusted, **trusting), "infer")
     for report in (children.finish(keyless), children.finish(signed)):
         assert report["equal"]
         assert misses(report) == GRAPHS["infer"], "compiled: the planted entry was not used"
+        assert report["cpp"]["hits"] == 0, "built: no planted .so was used"
+        assert report["cpp"]["compiles"] == writer["cpp"]["compiles"]
+    opted_in.communicate(timeout=600)
     assert not marker.exists()
-
-    # The test can fail: a machine that opts in to unsigned entries runs the payload
-    # (planted again: the signed machine replaced the planted entries by its own).
-    assert _plant(remote, marker) >= GRAPHS["infer"]
-    trusting = machine(tmp_path, "trusting", remote, **trusting)
-    children.start(WORKER, trusting, "infer").communicate(timeout=600)
-    assert marker.exists()
+    assert control.exists()
 
 
 @pytest.mark.slow
@@ -204,7 +216,10 @@ def test_four_processes_released_together_compile_once(
     go = tmp_path / "go"
     procs = [
         children.start(
-            WORKER, machine(tmp_path, f"m{i}", remote, KERNELCACHE_SECRET=SECRET), "infer", str(go)
+            WORKER,
+            machine(tmp_path, f"m{i}", remote, KERNELCACHE_SECRET=SECRET, **MLP),
+            "infer",
+            str(go),
         )
         for i in range(4)
     ]

@@ -3,7 +3,8 @@
 Real torch.compile (torch 2.13 CPU) and real g++, behind a wrapper that logs
 every command line; each "machine" is a child process with its own
 TORCHINDUCTOR_CACHE_DIR and temporary directory (torch's precompiled headers),
-sharing one kernelcache disk tier.
+sharing one kernelcache disk tier. The second machine and the third (on a damaged
+copy of that tier) run at the same time.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kernelcache.stores.disk import DiskStore
 
 CHILD = Path(__file__).with_name("inductor_cpp_child.py")
 ROOT = Path(__file__).resolve().parent.parent
+PATHS = (str(ROOT / "src"), str(ROOT / "tests"))
 GXX = shutil.which("g++")
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++")
@@ -34,26 +36,30 @@ exec {gxx} "$@"
 """
 
 
-def _machine(tmp: Path, name: str, shared: Path, wrapper: Path) -> tuple[dict[str, Any], list[str]]:
-    home = tmp / name
-    (home / "tmp").mkdir(parents=True)
-    log = home / "g++.log"
-    env = {
-        **os.environ,
-        # An inherited PYTHONPATH first: checking this test against another tree works.
-        "PYTHONPATH": os.pathsep.join(
-            [p for p in (os.environ.get("PYTHONPATH"), str(ROOT / "src"), str(ROOT / "tests")) if p]
-        ),
-        "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
-        "TMPDIR": str(home / "tmp"),
-        "KERNELCACHE_DIR": str(home / "kc-local"),  # the toolchain memo: per machine
-        "CXX": str(wrapper),
-        "KC_TEST_GXX_LOG": str(log),
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-    }
-    report = finish(start(CHILD, env, str(shared)))
-    commands = log.read_text().splitlines() if log.exists() else []
-    return report, commands
+class Machine:
+    """A child process compiling with its own cache directories; g++ runs are logged."""
+
+    def __init__(self, tmp: Path, name: str, shared: Path, wrapper: Path) -> None:
+        home = tmp / name
+        (home / "tmp").mkdir(parents=True)
+        self.log = home / "g++.log"
+        env = {
+            **os.environ,
+            # An inherited PYTHONPATH first: checking this test against another tree works.
+            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), *PATHS) if p),
+            "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
+            "TMPDIR": str(home / "tmp"),
+            "KERNELCACHE_DIR": str(home / "kc-local"),  # the toolchain memo: per machine
+            "CXX": str(wrapper),
+            "KC_TEST_GXX_LOG": str(self.log),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        }
+        self.proc = start(CHILD, env, str(shared))
+
+    def finish(self) -> tuple[dict[str, Any], list[str]]:
+        report = finish(self.proc)
+        commands = self.log.read_text().splitlines() if self.log.exists() else []
+        return report, commands
 
 
 def _builds(commands: list[str]) -> list[str]:
@@ -89,12 +95,18 @@ def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path:
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     shared = tmp_path / "team"
 
-    first, first_cmds = _machine(tmp_path, "one", shared, wrapper)
+    first, first_cmds = Machine(tmp_path, "one", shared, wrapper).finish()
     assert first["equal"]
-    assert first["stats"]["compiles"] >= 2  # the ISA probe and the kernels, at least
+    assert first["stats"]["compiles"] >= 2  # the ISA probe and the kernel, at least
     assert len(_builds(first_cmds)) >= first["stats"]["compiles"]
 
-    second, second_cmds = _machine(tmp_path, "two", shared, wrapper)
+    damaged = tmp_path / "team-damaged"
+    shutil.copytree(shared, damaged)
+    assert _corrupt_entries(damaged, "so") >= 2
+    two = Machine(tmp_path, "two", shared, wrapper)
+    three = Machine(tmp_path, "three", damaged, wrapper)
+
+    second, second_cmds = two.finish()
     assert second["equal"]
     assert second["stats"]["compiles"] == 0
     assert second["stats"]["hits"] == first["stats"]["compiles"]
@@ -102,8 +114,7 @@ def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path:
     assert _builds(second_cmds) == [], "a second machine ran a C++ build"
     assert not list((tmp_path / "two" / "tmp").rglob("*.gch")), "the PCH was not needed"
 
-    assert _corrupt_entries(shared, "so") >= 2
-    third, third_cmds = _machine(tmp_path, "three", shared, wrapper)
+    third, third_cmds = three.finish()
     assert third["equal"]
     # Every .so was rebuilt (the stored ones failed their check), so the PCH was needed.
     assert third["stats"]["compiles"] == first["stats"]["compiles"]
