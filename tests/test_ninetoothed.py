@@ -151,14 +151,19 @@ def test_unsupported_version_keeps_ninetoothed_caches(monkeypatch: pytest.Monkey
 
 def test_generated_source_changes_with_the_application() -> None:
     # What upstream's build fingerprint misses: premake unchanged, application edited.
-    def source(application: Any) -> str:
+    def source(application: Any, counter: int) -> str:
+        # Tensors are named from ninetoothed's process-wide counter, and its generator orders
+        # parameters by name as strings: "tensor_10" < "tensor_9". The key renumbers names
+        # (outputs.normalized) but cannot reorder, so it is the same across processes while a
+        # kernel's tensor numbers have as many digits each (a straddle is a spurious miss).
+        ninetoothed.Tensor.num_instances = counter
         return outputs.application_source(
             nk.arrangement, application, nk.tensors(ninetoothed.float32),
             caller="cuda", kernel_name="k", num_warps=4, num_stages=1,
         )  # fmt: skip
 
-    assert source(nk.application) == source(nk.application)
-    assert source(nk.application) != source(nk.application_minus)
+    assert source(nk.application, 100) == source(nk.application, 500)
+    assert source(nk.application, 100) != source(nk.application_minus, 100)
 
 
 # In process: the auto-tuner ---------------------------------------------------
