@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import client, server
+from kernelcache.nvcc import client, front, server
 from launcher_env import (
     CUBIN,
     FakeServer,
@@ -267,20 +267,20 @@ def test_an_importing_process_uses_the_server_too(
     for name, value in setup.env.items():
         monkeypatch.setenv(name, value)
     # No server to ask: the launcher runs here and starts one for the next call.
-    assert client.main(["nvcc", *CUBIN]) == 0
+    assert front.main(["nvcc", *CUBIN]) == 0
     assert stats(setup.cache)["misses"] == 1
     wait_for(lambda: listening(setup.cache), 60, "the server to listen")
     wait_for(lambda: not (setup.cache / "launcher.starting").exists(), 60, "its start to end")
     capfd.readouterr()
-    assert client.main(["nvcc", *CUBIN]) == 0
+    assert front.main(["nvcc", *CUBIN]) == 0
     assert b"unused_on_purpose" in capfd.readouterr().err.encode()
     assert stats(setup.cache)["server_hits"] == 1
     # Uncacheable: counted by the server, run here.
-    assert client.main(["nvcc", "--version"]) == 0
+    assert front.main(["nvcc", "--version"]) == 0
     assert "Cuda compilation tools" in capfd.readouterr().out
     assert stats(setup.cache)["uncacheable"] == 1
     monkeypatch.setenv("KERNELCACHE_SERVER", "off")
-    assert client.main(["nvcc", *CUBIN]) == 0
+    assert front.main(["nvcc", *CUBIN]) == 0
     assert stats(setup.cache)["server_hits"] == 1
     assert stats(setup.cache)["hits"] == 2
 

@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     # The compiler launcher is on every build's critical path: skip argparse and
     # the CLI for it. CMake calls ``kernelcache /path/to/nvcc ...``.
     if args and (args[0] == "nvcc" or args[0].endswith(("/nvcc", "/nvcc.exe"))):
-        from kernelcache.nvcc.client import main as nvcc_main
+        from kernelcache.nvcc.front import main as nvcc_main
 
         return int(nvcc_main(args))
     from kernelcache.cli import main as cli_main

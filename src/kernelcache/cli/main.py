@@ -159,7 +159,7 @@ def _delegate(command: str, rest: list[str], directory: str | None) -> int:
     if directory is not None:  # an argument: resolved once, here (the variable must be absolute)
         os.environ["KERNELCACHE_DIR"] = os.path.abspath(os.path.expanduser(directory))
     if command == "nvcc":
-        from kernelcache.nvcc.client import main as nvcc_main
+        from kernelcache.nvcc.front import main as nvcc_main
 
         return int(nvcc_main(["nvcc", *rest]))
     from kernelcache.demo import main as demo_main

@@ -243,24 +243,6 @@ def serve(
     return local(argv)
 
 
-def main(argv: list[str]) -> int:
-    """The launcher from an importing process (``python -m kernelcache``, ``kernelcache-cli``)."""
-
-    def local(args: list[str]) -> int:
-        from kernelcache.nvcc.launcher import main as launch
-
-        return launch(args)
-
-    def plain(nvcc: str, args: list[str]) -> int:
-        from kernelcache.nvcc.launcher import run_plain
-
-        return run_plain(nvcc, args)
-
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()  # what this process printed before comes first
-    return serve(argv, local, plain)
-
-
 def _script_local(argv: list[str]) -> int:
     # The package is not importable without site: a new interpreter with it.
     python = sys.executable
