@@ -208,9 +208,11 @@ class BackendHooks:
         pre, kc_key, started = self._key(cache, key, backend, backend_context.target)
         compiled: list[Any] = []
 
+        recording = pre is not None and started is not None and not cache.settings.read_only
+
         def compile_entry() -> Entry:
             self.counters.count("misses")
-            with manifest.capturing() as calls:
+            with manifest.capturing(discover=recording) as calls:
                 compiled.append(self._compile(call))
             return pack(self.upstream, compiled[0], verbose, manifest.meta(calls))
 

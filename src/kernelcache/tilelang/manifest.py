@@ -19,9 +19,11 @@ no walk. Without a manifest or a matching variant, the walk decides, as before.
 kept in the entry's meta) gives the device preprocessor runs nvcc makes (one
 per device architecture, ``-D__CUDA_ARCH__=900`` and the feature macros), and
 each is run again with ``-M``: exactly the headers the device code read (the
-kernel's only nvcc output here is device code). That costs ~0.25 s of CPU,
-so it runs in a background thread after the kernel was handed back
-(non-daemon: a short process still leaves its manifest, at exit).
+kernel's only nvcc output here is device code). That costs ~0.25 s of CPU:
+it starts beside nvcc when TileLang calls it, on the core a one-compile
+process leaves idle, and the manifest is written in a background thread
+after the kernel was handed back (non-daemon: a short process still leaves
+its manifest, at exit; it rarely waits, the preprocessor runs being done).
 
 *Headers that appear.* A header created under a tree could shadow an
 included one (an earlier ``-I``) or answer a ``__has_include``; CUTLASS's
@@ -89,10 +91,53 @@ def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         calls = getattr(_capture, "calls", None)
         if calls is not None:
-            calls.append(describe_call(code, target_format, arch, options))
+            call = describe_call(code, target_format, arch, options)
+            calls.append(call)
+            if call is not None and getattr(_capture, "discover", False):
+                _discover_early(code, call)
         return original(code, target_format, arch, options, path_target, verbose)
 
     return compile_cuda
+
+
+#: Discoveries started beside nvcc (:func:`_discover_early`), by the code's digest:
+#: the thread and, once it ran, ``[files read or None]``.
+_EARLY: dict[str, tuple[threading.Thread, list[list[str] | None]]] = {}
+_EARLY_LOCK = threading.Lock()
+
+
+def _discover_early(code: str, call: dict[str, Any]) -> None:
+    """Start :func:`discover` for a compile about to run, beside nvcc.
+
+    The preprocessor runs take ~0.25 s of CPU; run while nvcc compiles, they use
+    a core a one-compile process leaves idle (and a process waiting for this
+    compile elsewhere leaves idle), instead of keeping the process alive after
+    its kernel was handed back. :func:`record` takes the answer.
+    """
+    holder: list[list[str] | None] = []
+
+    def run() -> None:
+        try:
+            holder.append(discover(code, call))
+        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+            logger.info("kernelcache: no TileLang header manifest (%s)", exc)
+            holder.append(None)
+
+    thread = threading.Thread(target=run, name="kernelcache-tilelang-deps", daemon=True)
+    with _EARLY_LOCK:
+        _EARLY[call["code"]] = (thread, holder)
+    thread.start()
+
+
+def _early_result(code_digest: object) -> tuple[bool, list[str] | None]:
+    """``(True, files read)`` from a discovery started beside nvcc, else ``(False, None)``."""
+    with _EARLY_LOCK:
+        found = _EARLY.pop(code_digest, None) if isinstance(code_digest, str) else None
+    if found is None:
+        return False, None
+    thread, holder = found
+    thread.join()
+    return True, holder[0] if holder else None
 
 
 def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
@@ -113,14 +158,17 @@ def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dic
 
 
 @contextlib.contextmanager
-def capturing() -> Iterator[list[dict[str, Any] | None]]:
-    """Note the nvcc calls this thread's TileLang makes in the block."""
+def capturing(discover: bool = False) -> Iterator[list[dict[str, Any] | None]]:
+    """Note the nvcc calls this thread's TileLang makes in the block; with ``discover``
+    (a manifest will be recorded), find what each reads while it compiles."""
     calls: list[dict[str, Any] | None] = []
     _capture.calls = calls
+    _capture.discover = discover
     try:
         yield calls
     finally:
         _capture.calls = None
+        _capture.discover = False
 
 
 def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -306,7 +354,9 @@ def record(
     source = entry[entry.meta["device_source"]]
     if sha256(source).hexdigest() != call.get("code"):
         return False  # not the code the captured call compiled
-    read = discover(source.decode(), call)
+    early, read = _early_result(call.get("code"))
+    if not early:
+        read = discover(source.decode(), call)
     roots = _roots()
     if read is None or not roots:
         return False
