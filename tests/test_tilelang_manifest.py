@@ -22,6 +22,7 @@ from kernelcache.integration import Counters
 from kernelcache.nvcc import deps
 from kernelcache.tilelang import keys, manifest
 from kernelcache.tilelang.kernels import COUNTERS
+from tilelang_tree import header_tree
 
 PRE = "cd" * 32
 RESULT = "ab" * 32
@@ -30,12 +31,7 @@ RESULT = "ab" * 32
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A header tree standing in for TileLang's, and a cache directory."""
-    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
-    monkeypatch.delenv("KERNELCACHE_READONLY", raising=False)
-    folder = tmp_path / "headers"
-    (folder / "cuda").mkdir(parents=True)
-    (folder / "cuda" / "common.h").write_text("#define A 1\n")
-    (folder / "top.h").write_text('#include "cuda/common.h"\n')
+    folder = header_tree(tmp_path, monkeypatch)
     (folder / "other.h").write_text("#define B 1\n")
     monkeypatch.setattr(keys, "header_folders", lambda: {"templates": str(folder), "cutlass": None})
     return folder

@@ -21,6 +21,7 @@ pytest.importorskip("tilelang")
 
 from kernelcache import _memos
 from kernelcache.tilelang import keys, trees
+from tilelang_tree import header_tree
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
@@ -28,12 +29,7 @@ NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 @pytest.fixture
 def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A small header tree older than the timestamp granularity, and a cache directory for it."""
-    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
-    monkeypatch.delenv("KERNELCACHE_READONLY", raising=False)
-    folder = tmp_path / "headers"
-    (folder / "cuda").mkdir(parents=True)
-    (folder / "cuda" / "common.h").write_text("#define A 1\n")
-    (folder / "top.h").write_text('#include "cuda/common.h"\n')
+    folder = header_tree(tmp_path, monkeypatch)
     _age()
     return folder
 

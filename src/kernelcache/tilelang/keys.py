@@ -79,8 +79,8 @@ def headers() -> dict[str, str | None]:
 
 
 def _header_tree(label: str) -> str | None:
-    folder = headers_folder(label)
-    return _tree(os.path.realpath(folder)) if folder and os.path.isdir(folder) else None
+    folder = _resolve(headers_folder(label))
+    return _tree(folder) if folder else None
 
 
 def compilers(backend: str) -> dict[str, str | None]:
@@ -193,10 +193,13 @@ def header_folders() -> dict[str, str | None]:
     return {label: _real_folder(headers_folder(label)) for label in HEADER_TREES}
 
 
-@functools.cache
-def _real_folder(folder: str | None) -> str | None:
-    # Per process, as the trees' fingerprints are (``_tree``): a hit costs no lstat walk.
+def _resolve(folder: str | None) -> str | None:
+    """The real path of a header tree's folder; ``None`` when there is no such folder."""
     return os.path.realpath(folder) if folder and os.path.isdir(folder) else None
+
+
+# Per process, as the trees' fingerprints are (``_tree``): a hit costs no lstat walk.
+_real_folder = functools.cache(_resolve)
 
 
 def pre_key(upstream_key: str, backend: str, target: Any) -> str:
