@@ -214,7 +214,8 @@ def ask(
         sock.close()
 
 
-def _write(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a pipe may take it in parts)."""
     while data:
         data = data[posix.write(fd, data) :]
 
@@ -236,7 +237,7 @@ def serve(
         reply = ask(directory, [_fsencode(a) for a in argv], cwd)
     if reply and reply[0] == b"hit" and len(reply) == 4:
         for fd, data in ((1, reply[2]), (2, reply[3])):
-            _write(fd, data)
+            write_all(fd, data)
         return int(reply[1])
     if reply and reply[0] == b"plain" and len(reply) == 2:
         return plain(_fsdecode(reply[1]), argv[1:])
@@ -254,7 +255,7 @@ def _script_plain(nvcc: str, args: list[str]) -> int:
     try:
         posix.execv(nvcc, [nvcc, *args])
     except OSError as exc:
-        _write(2, b"kernelcache: cannot run %s: %s\n" % (_fsencode(nvcc), str(exc).encode()))
+        write_all(2, b"kernelcache: cannot run %s: %s\n" % (_fsencode(nvcc), str(exc).encode()))
     return 127
 
 

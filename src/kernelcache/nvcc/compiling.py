@@ -63,15 +63,15 @@ def run(argv: list[str]) -> int | None:
     # hit, for any reason: one that hung or answered oddly costs at most this.
     reply = client.ask(directory, args, cwd, [COMPILE, b"plan"], PLAN_TIMEOUT)
     if reply and reply[0] == b"hit" and len(reply) == 4 and reply[1].isdigit():
-        _write(1, reply[2])
-        _write(2, reply[3])
+        client.write_all(1, reply[2])
+        client.write_all(2, reply[3])
         return int(reply[1])
     if reply and reply[0] == b"plain" and len(reply) == 2 and reply[1]:
         # Counted by the server as uncacheable (or the cache is disabled): nvcc as it is.
         try:
             os.execv(reply[1], [reply[1], *args[1:]])
         except OSError as exc:
-            _write(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
+            client.write_all(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
             return 127
     if not reply or reply[0] != b"compile" or len(reply) < 3:
         return None
@@ -112,8 +112,8 @@ def _compile(
                 stdout, stderr = proc.communicate()
             status = proc.returncode
         elapsed = (time.time_ns() - started) / 1e9
-        _write(1, stdout)
-        _write(2, stderr)
+        client.write_all(1, stdout)
+        client.write_all(2, stderr)
         fields = [b"%d" % started, repr(elapsed).encode(), b"%d" % status]
         fields += [os.fsencode(own_dep), os.fsencode(keep_dir), dryrun, stdout, stderr]
         client.ask(directory, call[0], call[1], [COMPILE, b"store", *fields])
@@ -122,11 +122,6 @@ def _compile(
         shutil.rmtree(keep_dir, ignore_errors=True)
         if own_dep:
             posix.unlink(own_dep)
-
-
-def _write(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 def _dryrun(argv: list[str]) -> bytes:
