@@ -101,9 +101,10 @@ def script_targets(path: str) -> list[str]:
     points at is replaced, so the files it names are hashed too.
     """
     with open(path, "rb") as f:
-        head = f.read(65536)
-    if not head.startswith(b"#!"):
-        return []
+        head = f.read(2)
+        if head != b"#!":
+            return []  # a binary: two bytes tell, where the whole head cost a 64 KB read
+        head += f.read(65534)
     import re  # only wrapper scripts get here
 
     found = []
@@ -139,21 +140,25 @@ def executable(path: str) -> str:
     """
     try:
         real = os.path.realpath(path)
-        targets = script_targets(real)
-        sigs = [_signature(os.stat(p)) for p in [real, *targets]]
-        memo = _load_memo()
-        known = memo["executables"].get(real)
-        if known is not None and known.get("sigs") == sigs:
-            return str(known["identity"])
-        version = _run_version(real)
-        digests = [file_digest(p) for p in [real, *targets]]
-        identity = f"{os.path.basename(real)}\n{version}\nsha256:{','.join(digests)}"
-        if all(_trustworthy(os.stat(p)) for p in [real, *targets]):
-            memo["executables"][real] = {"sigs": sigs, "identity": identity}
-            _save_memo(memo)
-        return identity
+        return _executable(real, script_targets(real))
     except _PROBE_ERRORS as exc:
         return failed(exc)
+
+
+def _executable(real: str, targets: list[str]) -> str:
+    """:func:`executable` of a real path whose wrapper targets are known (raises)."""
+    sigs = [_signature(os.stat(p)) for p in [real, *targets]]
+    memo = _load_memo()
+    known = memo["executables"].get(real)
+    if known is not None and known.get("sigs") == sigs:
+        return str(known["identity"])
+    version = _run_version(real)
+    digests = [file_digest(p) for p in [real, *targets]]
+    identity = f"{os.path.basename(real)}\n{version}\nsha256:{','.join(digests)}"
+    if all(_trustworthy(os.stat(p)) for p in [real, *targets]):
+        memo["executables"][real] = {"sigs": sigs, "identity": identity}
+        _save_memo(memo)
+    return identity
 
 
 def nvcc(path: str | None = None) -> str:
@@ -161,11 +166,15 @@ def nvcc(path: str | None = None) -> str:
     resolved = path if path is not None and os.sep in path else shutil.which(path or "nvcc")
     if resolved is None:
         return failed(FileNotFoundError())
-    identity = executable(resolved)
-    if identity.startswith("probe_failed:"):
-        return identity
+    try:
+        # Resolved once for both: a key is derived per lookup, each realpath a walk of lstats.
+        real = os.path.realpath(resolved)
+        targets = script_targets(real)
+        identity = _executable(real, targets)
+    except _PROBE_ERRORS as exc:
+        return failed(exc)
     # nvcc.profile sets include and library paths (and reads the environment).
-    for profile in nvcc_profiles(resolved, script_targets(os.path.realpath(resolved))):
+    for profile in nvcc_profiles(resolved, targets):
         if os.path.isfile(profile):
             identity += f"\nprofile:{file_digest(profile)}"
     return identity
