@@ -121,3 +121,41 @@ def test_autotune_records_are_keyed_by_gpu_model(tmp_path: Path) -> None:
         assert "128" in found.libcode  # the best config's kernel, compiled through the kernel cache
         assert TunerHooks(kct.get_records, lambda: a100).load(tuner, "tuning-key") is None
         assert hooks.load(tuner, "another-key") is None
+
+
+def test_libraries_are_named_by_build_id_else_by_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: the linker's digest names a library (no 100 MB hash in a first run); a
+    relinked library with other code changes the field, one without a build ID is hashed."""
+    import shutil
+    import subprocess
+    import types
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to link libraries")
+
+    def link(body: str, *flags: str) -> None:
+        source = tmp_path / "lib.cpp"
+        source.write_text(f'extern "C" int value() {{ return {body}; }}\n')
+        out = tmp_path / "libtilelang.so"
+        subprocess.run(["g++", "-shared", "-fPIC", *flags, "-o", str(out), str(source)], check=True)
+
+    monkeypatch.setattr(keys, "_env_module", lambda: types.SimpleNamespace(TL_LIBS=[str(tmp_path)]))
+
+    def stamp() -> str:
+        keys.library_stamp.cache_clear()  # once per process otherwise
+        try:
+            return keys.library_stamp()["libtilelang.so"]
+        finally:
+            keys.library_stamp.cache_clear()
+
+    link("1")
+    first = stamp()
+    assert first.startswith("build-id:")
+    link("2")
+    assert stamp() not in (first, None)
+    link("2", "-Wl,--build-id=none")
+    hashed = stamp()
+    assert len(hashed) == 64  # the content's SHA-256
+    assert int(hashed, 16) >= 0

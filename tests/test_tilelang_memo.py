@@ -239,6 +239,36 @@ def test_shared_fields_are_hashed_once_per_process(
     assert sorted(hashed) == sorted([str(tree), str(tree / "cuda")])
 
 
+def test_a_warm_memo_starts_no_background_thread(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: with both trees in the memo, prefetch starts nothing (a thread would
+    only take the GIL from the user's code at a fresh-process hit); with one missing,
+    it starts a walk per missing tree and the compilers' probes."""
+    started: list[object] = []
+    monkeypatch.setattr(keys, "_warming", started)
+    monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
+    monkeypatch.setattr(
+        keys,
+        "headers_folder",
+        lambda label: str(tree / "cuda") if label == "templates" else str(tree),
+    )
+    keys.prefetch()
+    assert len(started) == 3  # two trees, then the libraries and compilers
+    first = keys.kernel_key("u" * 64, "tvm_ffi", "cuda")
+    started = []
+    monkeypatch.setattr(keys, "_warming", started)
+    monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
+    keys.prefetch()
+    assert started == []
+    assert keys.kernel_key("u" * 64, "tvm_ffi", "cuda") == first
+    (tree / "cuda" / "new.h").write_text("#define B 2\n")  # one tree's memo no longer holds
+    monkeypatch.setattr(keys, "_warming", [])
+    monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
+    keys.prefetch()
+    assert keys.kernel_key("u" * 64, "tvm_ffi", "cuda") != first
+
+
 CHILD = """
 import json, sys
 import children

@@ -32,7 +32,7 @@ from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
 from kernelcache.tilelang import manifest
-from kernelcache.tilelang.keys import kernel_key, pre_key
+from kernelcache.tilelang.keys import kernel_key, pre_key, shared_fields
 
 logger = logging.getLogger(__name__)
 
@@ -239,14 +239,15 @@ class BackendHooks:
     ) -> tuple[str | None, str, int | None]:
         """``(pre-key, key, walk start)``: the key from the header manifest when a variant
         holds (no walk, start ``None``), else from walking the header trees."""
-        pre = pre_key(key, backend, target) if backend in manifest.BACKENDS else None
+        shared = shared_fields(backend)  # derived once for both keys
+        pre = pre_key(key, backend, target, shared) if backend in manifest.BACKENDS else None
         if pre is not None:
             vouched = manifest.find(cache, pre, self.counters)
             if vouched is not None:
                 self.counters.count("manifest_hits")
                 return pre, vouched, None
         started = time.time_ns()
-        return pre, kernel_key(key, backend, target), started
+        return pre, kernel_key(key, backend, target, shared), started
 
     def _compile(self, call: dict[str, Any]) -> Any:
         from tilelang.jit import JITKernel

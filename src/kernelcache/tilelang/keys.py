@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache import _memos, toolchain
+from kernelcache import _memos, buildid, toolchain
 from kernelcache.keys import KeyBuilder
 from kernelcache.tilelang import trees
 
@@ -48,15 +48,22 @@ def _env_module() -> Any:
     return importlib.import_module("tilelang.env")
 
 
+@functools.cache
 def library_stamp() -> dict[str, str]:
-    """Content digests of TileLang's native libraries, by file name (memoised by stat)."""
+    """Identities of TileLang's native libraries, by file name.
+
+    Each is the linker's digest of the library (its GNU build ID,
+    :mod:`kernelcache.buildid`) and size; a library without one is hashed
+    (memoised by stat). Once per process: ``import tilelang`` loaded them, so
+    the code generating this process's kernels is what was read then.
+    """
     tl_env = _env_module()
     stamp: dict[str, str] = {}
     for folder in tl_env.TL_LIBS:
         for name in _LIBRARIES:
             path = os.path.join(folder, name)
             if name not in stamp and os.path.isfile(path):
-                stamp[name] = toolchain.file_digest(path)
+                stamp[name] = buildid.identity(path) or toolchain.file_digest(path)
     return stamp
 
 
@@ -111,22 +118,27 @@ _WARM_ERRORS = (OSError, RuntimeError, ValueError, AttributeError, ImportError)
 def prefetch() -> None:
     """Start deriving the fields every kernel's key shares, in background threads.
 
-    With an empty memo (a first run, a new cache directory) they cost ~0.3 s of
-    hashing: header trees, TileLang's libraries, the compilers (issue 23).
+    With an empty memo (a first run, a new cache directory) they cost ~0.2 s:
+    hashing the header trees, probing the compilers (issue 23).
     :func:`~kernelcache.tilelang.install` starts them, so they overlap the
-    user's code until the first compile; the hashing and file reads release the
-    GIL, so the threads (one per header tree, one for the rest) overlap each
-    other too. A header tree already in the memo is not walked here: a hit
-    through its header manifest (:mod:`kernelcache.tilelang.manifest`) needs
-    no walk, and a walk of ~1,200 stats would compete with the user's code for
-    the GIL. Idempotent.
+    user's code until the first compile; the hashing, file reads and probes
+    release the GIL, so the threads (one per header tree, one for the rest)
+    overlap each other too. A header tree already in the memo is not walked
+    here: a hit through its header manifest (:mod:`kernelcache.tilelang.manifest`)
+    needs no walk. With every tree in the memo, no thread starts at all: the
+    rest then costs ~1 ms from its memo, and a thread would only take the GIL
+    from the user's code (a fresh-process hit paid ~3 ms for it). Idempotent.
     """
     with _warming_lock:
         if _warming:
             return
         labels = [label for label in HEADER_TREES if not _memoised(label)]
-        jobs = [functools.partial(_header_tree, label) for label in labels]
-        for job in [*jobs, _libraries_and_compilers]:
+        jobs: list[Callable[[], object]] = [
+            functools.partial(_header_tree, label) for label in labels
+        ]
+        if jobs:  # a first run here: the compilers are most likely unprobed too
+            jobs.append(_libraries_and_compilers)
+        for job in jobs:
             thread = threading.Thread(target=_warm, args=(job,), name="kernelcache-tilelang-key")
             thread.daemon = True
             _warming.append(thread)
@@ -140,8 +152,8 @@ def _memoised(label: str) -> bool:
 
 
 def _libraries_and_compilers() -> None:
-    # Of processes starting together on an empty memo, one hashes ~100 MB of
-    # libraries and probes the compilers; the others wait, then read its memo.
+    # Of processes starting together on an empty memo, one probes the compilers
+    # (and hashes a library without a build ID); the others wait, then read its memo.
     with _memos.exclusive(toolchain.MEMO_FILE):
         library_stamp()
         compilers("tvm_ffi")
@@ -161,31 +173,54 @@ def _settle() -> None:
         thread.join()
 
 
-def _build(namespace: str, upstream_key: str, backend: str, target: Any, trees: object) -> str:
-    """The fields of both keys below; ``trees`` is the header trees' field, their
-    contents or their folders (in the same place: today's keys stay valid)."""
+def shared_fields(backend: str) -> dict[str, Any]:
+    """The fields of every key of ``backend`` but the kernel's and the header trees':
+    TileLang's version and libraries, the compilers, the machine. One call serves
+    both keys of a lookup (:func:`pre_key`, :func:`kernel_key`)."""
     import tilelang
 
     _settle()
+    return {
+        "tilelang": tilelang.__version__,
+        "libraries": library_stamp(),
+        "compilers": compilers(backend),
+        "machine": platform.machine(),
+    }
+
+
+def _build(
+    namespace: str,
+    upstream_key: str,
+    backend: str,
+    target: Any,
+    trees: object,
+    shared: dict[str, Any],
+) -> str:
+    """The fields of both keys below; ``trees`` is the header trees' field, their
+    contents or their folders (in the same place in both)."""
     return (
         KeyBuilder(namespace)
         .add("schema", SCHEMA)
         .add("upstream", upstream_key)
         .add("backend", backend)
         .add("target", str(target))
-        .add("tilelang", tilelang.__version__)
-        .add("libraries", library_stamp())
+        .add("tilelang", shared["tilelang"])
+        .add("libraries", shared["libraries"])
         .add("headers", trees)
-        .add("compilers", compilers(backend))
-        .add("machine", platform.machine())
+        .add("compilers", shared["compilers"])
+        .add("machine", shared["machine"])
         .hexdigest()
     )
 
 
-def kernel_key(upstream_key: str, backend: str, target: Any) -> str:
-    """The kernelcache key of one TileLang kernel (the header trees' contents included)."""
+def kernel_key(
+    upstream_key: str, backend: str, target: Any, shared: dict[str, Any] | None = None
+) -> str:
+    """The kernelcache key of one TileLang kernel (the header trees' contents included);
+    ``shared``: :func:`shared_fields` of ``backend``, when the caller has them."""
     _settle()  # a tree a prefetch thread is walking is not walked twice
-    return _build(NAMESPACE, upstream_key, backend, target, headers())
+    fields = shared if shared is not None else shared_fields(backend)
+    return _build(NAMESPACE, upstream_key, backend, target, headers(), fields)
 
 
 def header_folders() -> dict[str, str | None]:
@@ -202,7 +237,10 @@ def _resolve(folder: str | None) -> str | None:
 _real_folder = functools.cache(_resolve)
 
 
-def pre_key(upstream_key: str, backend: str, target: Any) -> str:
+def pre_key(
+    upstream_key: str, backend: str, target: Any, shared: dict[str, Any] | None = None
+) -> str:
     """The key of a kernel's header manifest: :func:`kernel_key` without the trees'
     contents, with their folders instead (the manifest names files under them)."""
-    return _build(MANIFEST_NAMESPACE, upstream_key, backend, target, header_folders())
+    fields = shared if shared is not None else shared_fields(backend)
+    return _build(MANIFEST_NAMESPACE, upstream_key, backend, target, header_folders(), fields)

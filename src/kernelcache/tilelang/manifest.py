@@ -182,27 +182,36 @@ def _roots() -> list[str]:
     return [folder for folder in keys.header_folders().values() if folder]
 
 
-def _inside(path: object, roots: list[str], itself: bool = False) -> bool:
-    """Whether ``path`` is a normalized absolute path under one of ``roots`` (real paths).
+class _Roots:
+    """The header trees' folders (real paths), for the path tests of a lookup (~140 a hit).
 
     Recorded paths are real paths (:func:`record`): no ``.``, ``..`` or ``//``
-    to normalize, so a string test suffices on the hit path."""
-    if type(path) is not str or "//" in path or "/./" in path or "/../" in path:
-        return False
-    if path.endswith(("/.", "/..")):
-        return False
-    return any(path.startswith(root + os.sep) or (itself and path == root) for root in roots)
+    to normalize, so a string test suffices on the hit path.
+    """
+
+    def __init__(self, roots: list[str]) -> None:
+        self.prefixes = tuple(root + os.sep for root in roots)
+        self.roots = frozenset(roots)
+
+    def holds(self, path: object, itself: bool = False) -> bool:
+        """Whether ``path`` is a normalized absolute path under a tree (``itself``: or a root)."""
+        if type(path) is not str or "//" in path or "/./" in path or "/../" in path:
+            return False
+        if path.endswith(("/.", "/..")):
+            return False
+        return path.startswith(self.prefixes) or (itself and path in self.roots)
 
 
 def tree_files(read: list[str], roots: list[str]) -> list[str] | None:
     """The real paths of the files under the trees among ``read``; ``None`` when one
     named under a tree is really elsewhere (a link out: it would go unchecked)."""
     out = []
+    trees = _Roots(roots)
     for path in read:
         real = os.path.realpath(path)
-        if _inside(real, roots):
+        if trees.holds(real):
             out.append(real)
-        elif _inside(os.path.normpath(os.path.abspath(path)), roots):
+        elif trees.holds(os.path.normpath(os.path.abspath(path))):
             return None
     return out
 
@@ -239,11 +248,12 @@ def _variants(stored: Entry | None, roots: list[str]) -> tuple[list[dict[str, An
         return [], True
     if not isinstance(found, list):
         return [], True
-    good = [v for v in found if isinstance(v, dict) and _valid(v, roots)]
+    trees = _Roots(roots)
+    good = [v for v in found if isinstance(v, dict) and _valid(v, trees)]
     return good, len(good) != len(found)
 
 
-def _valid(variant: dict[str, Any], roots: list[str]) -> bool:
+def _valid(variant: dict[str, Any], roots: _Roots) -> bool:
     """Whether a variant has the shape :func:`record` writes, every path under the trees."""
     rows, dirs, result = variant.get("deps"), variant.get("absent"), variant.get("result")
     if not (isinstance(rows, list) and isinstance(dirs, list) and isinstance(result, str)):
@@ -260,21 +270,21 @@ def _signature(value: object) -> bool:
     return value is None or (type(value) is list and len(value) == 5)
 
 
-def _row(row: object, roots: list[str]) -> bool:
+def _row(row: object, roots: _Roots) -> bool:
     return (
         type(row) is list
         and len(row) == 3
-        and _inside(row[0], roots)
+        and roots.holds(row[0])
         and type(row[1]) is str
         and _signature(row[2])
     )
 
 
-def _dir_row(row: object, roots: list[str]) -> bool:
+def _dir_row(row: object, roots: _Roots) -> bool:
     return (
         type(row) is list
         and len(row) == 3
-        and _inside(row[0], roots, itself=True)
+        and roots.holds(row[0], itself=True)
         and _signature(row[1])
         and type(row[2]) is str
     )
@@ -286,9 +296,19 @@ def _names(folder: str) -> str:
 
 def _dirs_unchanged(rows: list[list[Any]]) -> bool:
     """Whether every directory of the trees holds the names it held (a ``stat`` each)."""
+    stat = os.stat
     for folder, sig, names in rows:
         try:
-            if sig is not None and deps.signature(os.stat(folder)) == sig:
+            st = stat(folder)
+            # Field by field, as deps.matches: one comparison per directory on every hit.
+            if (
+                sig is not None
+                and st.st_mtime_ns == sig[3]
+                and st.st_ino == sig[1]
+                and st.st_ctime_ns == sig[4]
+                and st.st_size == sig[2]
+                and st.st_dev == sig[0]
+            ):
                 continue
             if _names(folder) != names:
                 return False
