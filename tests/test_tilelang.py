@@ -111,6 +111,37 @@ def test_two_processes_started_together_run_nvcc_once(
     assert sorted(r["stats"]["hits"] for r in reports) == [0, 1]
 
 
+def test_a_first_run_decides_the_key_before_code_generation(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 23: while the key's fields are still being derived, TileLang lowers the
+    kernel; the key is looked up before the device code generation. An entry found
+    there ends the compile before nvcc; a free key is compiled once, however many
+    processes start together."""
+    reports = _start_together(dsl_env, tmp_path, 2, "add", "tvm_ffi", "--first-run")
+    assert len(toolkit.compiles()) == 1
+    assert sorted(r["stats"]["compiles"] for r in reports) == [0, 1]
+    assert sorted(r["stats"]["hits"] for r in reports) == [0, 1]
+    runs_before = len(toolkit.runs())
+    again = run(dsl_env, "add", "tvm_ffi", "--first-run")
+    assert again["stats"] == {**again["stats"], "hits": 1, "misses": 0, "compiles": 0}
+    assert again["stats"]["manifest_hits"] == 1
+    assert len(toolkit.runs()) == runs_before, "an entry found must end the compile before nvcc"
+    assert again["source_chars"] == reports[0]["source_chars"] > 0
+    assert again["adapter_class"] == ADAPTERS["tvm_ffi"]
+
+
+def test_a_failed_lookup_in_a_first_run_raises_as_itself(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    """Not as the RuntimeError TVM's FFI would make of it, and before nvcc runs."""
+    proc = children.start(SCRIPT, dsl_env, "add", "tvm_ffi", "--first-run", "--lookup-fails")
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert "PermissionError: planted" in err
+    assert toolkit.compiles() == []
+
+
 def test_upstream_cache_compiles_once_per_process(
     toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
 ) -> None:

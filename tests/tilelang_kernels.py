@@ -8,7 +8,9 @@ object's class and its adapter's, and the seconds the compile took. Options:
 PATH: lets a test start several compiles at the same moment), and
 ``--variant`` (another kernel of the same kind: the add's block size, the
 GEMM's k tile), ``--evict-after-get`` (remove the entry and its files from the cache between
-kernelcache's lookup and the load: another process's eviction, injected).
+kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
+(take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
+being derived) and ``--lookup-fails`` (the key's derivation raises PermissionError).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 """
 
@@ -98,6 +100,17 @@ def main(argv: list[str]) -> None:
         kernelcache.tilelang.install()
         if "--evict-after-get" in argv:
             _evict_after_get()
+        if "--first-run" in argv:
+            from kernelcache.tilelang import keys
+
+            keys.settled = lambda: False
+        if "--lookup-fails" in argv:
+            import kernelcache.tilelang.kernels as kernels
+
+            def fails(backend: str) -> Any:
+                raise PermissionError("planted: the header trees are unreadable")
+
+            setattr(kernels, "shared_fields", fails)  # noqa: B010 (a name imported there)
     if "--wait-for" in argv:
         children.wait_for(argv[argv.index("--wait-for") + 1])
     params = VARIANTS[name] if "--variant" in argv else {}

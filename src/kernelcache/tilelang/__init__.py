@@ -40,7 +40,7 @@ from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
-from kernelcache.tilelang import keys, manifest
+from kernelcache.tilelang import firstrun, keys, manifest
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
@@ -65,9 +65,12 @@ SAVE = "_save_kernel_to_disk"
 TUNER_LOAD = "_load_result_from_disk"
 TUNER_SAVE = "_save_result_to_disk"
 COMPILE_CUDA = "compile_cuda"  # tilelang.contrib.nvcc: tilelang.cuda.backend calls it by module
+DEVICE_CODEGEN = "device_codegen"  # tilelang.engine.lower: called by name, before nvcc
 
 
 def _hook(patches: Patches) -> None:
+    import importlib
+
     import tilelang.cache as tl_cache
     import tilelang.contrib.nvcc as tl_nvcc
     from tilelang.autotuner.tuner import AutoTuner
@@ -82,6 +85,11 @@ def _hook(patches: Patches) -> None:
         patches.set(upstream, SAVE, hooks.save)
     # TileLang's nvcc call, noted for the header manifest (kernelcache.tilelang.manifest).
     patches.set(tl_nvcc, COMPILE_CUDA, manifest.wrap_compile(getattr(tl_nvcc, COMPILE_CUDA)))
+    # A first run's key, decided before the device code generation (kernelcache.tilelang.firstrun).
+    # ``import tilelang.engine.lower`` names the function tilelang.engine exports, not the module.
+    tl_lower = importlib.import_module("tilelang.engine.lower")
+    codegen = getattr(tl_lower, DEVICE_CODEGEN)
+    patches.set(tl_lower, DEVICE_CODEGEN, firstrun.wrap_codegen(codegen))
     patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
     patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
     tuner = TunerHooks(get_records, _device)

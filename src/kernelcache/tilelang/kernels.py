@@ -31,7 +31,8 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
-from kernelcache.tilelang import manifest
+from kernelcache.tilelang import keys, manifest
+from kernelcache.tilelang.firstrun import FirstRun
 from kernelcache.tilelang.keys import kernel_key, pre_key, shared_fields
 
 logger = logging.getLogger(__name__)
@@ -205,22 +206,15 @@ class BackendHooks:
             "verbose": verbose,
         }
         cache = self.cache()
-        pre, kc_key, started = self._key(cache, key, backend, backend_context.target)
-        compiled: list[Any] = []
-
-        recording = pre is not None and started is not None and not cache.settings.read_only
-
-        def compile_entry() -> Entry:
-            self.counters.count("misses")
-            with manifest.capturing(discover=recording) as calls:
-                compiled.append(self._compile(call))
-            return pack(self.upstream, compiled[0], verbose, manifest.meta(calls))
-
-        entry = cache.get_or_compile(kc_key, compile_entry)
-        if pre is not None and started is not None:
-            manifest.record_later(cache, pre, kc_key, entry, started, bool(compiled))
-        if compiled:
-            return compiled[0]
+        if backend in manifest.BACKENDS and not keys.settled():
+            kc_key, found = self._first_run(cache, key, backend, call)
+            if not isinstance(found, Entry):
+                return found  # compiled here
+            entry = found
+        else:
+            kc_key, entry, compiled = self._lookup(cache, key, backend, call)
+            if compiled is not None:
+                return compiled
         try:
             kernel = load(entry, call)
         except _LOAD_ERRORS as exc:
@@ -233,6 +227,56 @@ class BackendHooks:
             return kernel
         self.counters.count("hits")
         return kernel
+
+    def _lookup(
+        self, cache: Cache, key: str, backend: str, call: dict[str, Any]
+    ) -> tuple[str, Entry, Any]:
+        """``(key, entry, kernel compiled here or None)``: the key first, then a get or
+        a single-flight compile."""
+        pre, kc_key, started = self._key(cache, key, backend, call["backend_context"].target)
+        compiled: list[Any] = []
+        recording = pre is not None and started is not None and not cache.settings.read_only
+
+        def compile_entry() -> Entry:
+            self.counters.count("misses")
+            with manifest.capturing(discover=recording) as calls:
+                compiled.append(self._compile(call))
+            return pack(self.upstream, compiled[0], call["verbose"], manifest.meta(calls))
+
+        entry = cache.get_or_compile(kc_key, compile_entry)
+        if pre is not None and started is not None:
+            manifest.record_later(cache, pre, kc_key, entry, started, bool(compiled))
+        return kc_key, entry, compiled[0] if compiled else None
+
+    def _first_run(
+        self, cache: Cache, key: str, backend: str, call: dict[str, Any]
+    ) -> tuple[str, Any]:
+        """``(key, entry found or kernel compiled here)`` while the key's fields are still
+        being derived: the compile starts, the key is decided before nvcc runs
+        (:mod:`kernelcache.tilelang.firstrun`)."""
+        target = call["backend_context"].target
+        run = FirstRun(cache, lambda: self._key(cache, key, backend, target))
+        start = time.perf_counter()
+        try:
+            with manifest.capturing(decide=run.decide) as calls:
+                kernel = self._compile(call)
+        except BaseException as exc:
+            return str(run.key), run.outcome(exc)
+        if not run.decided:  # no nvcc run went through compile_cuda: keyed now
+            _, kc_key, _ = self._key(cache, key, backend, target)
+            self.counters.count("misses")
+            cache.get_or_compile(kc_key, lambda: pack(self.upstream, kernel, call["verbose"]))
+            return kc_key, kernel
+        if run.claim is None:
+            return str(run.key), kernel  # TileLang went on after decide() ended it: kept as is
+        self.counters.count("misses")
+        entry = run.publish(
+            lambda: pack(self.upstream, kernel, call["verbose"], manifest.meta(calls)),
+            time.perf_counter() - start,
+        )
+        if run.pre is not None and run.started is not None:
+            manifest.record_later(cache, run.pre, str(run.key), entry, run.started, True)
+        return str(run.key), kernel
 
     def _key(
         self, cache: Cache, key: str, backend: str, target: Any

@@ -166,6 +166,11 @@ def _warm(job: Callable[[], object]) -> None:
         return  # kernel_key derives it again, in the caller's thread, and raises there
 
 
+def settled() -> bool:
+    """Whether the fields :func:`prefetch` derives are ready (no thread of it still running)."""
+    return not any(thread.is_alive() for thread in _warming)
+
+
 def _settle() -> None:
     """Wait for :func:`prefetch` (started now if it was not), so nothing is hashed twice."""
     prefetch()

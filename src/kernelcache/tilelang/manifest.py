@@ -91,6 +91,7 @@ def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
     ) -> Any:
         calls = getattr(_capture, "calls", None)
         if calls is not None:
+            decide_now()  # normally done before code generation (firstrun.wrap_codegen)
             call = describe_call(code, target_format, arch, options)
             calls.append(call)
             if call is not None and getattr(_capture, "discover", False):
@@ -158,17 +159,31 @@ def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dic
 
 
 @contextlib.contextmanager
-def capturing(discover: bool = False) -> Iterator[list[dict[str, Any] | None]]:
+def capturing(
+    discover: bool = False, decide: Callable[[], bool] | None = None
+) -> Iterator[list[dict[str, Any] | None]]:
     """Note the nvcc calls this thread's TileLang makes in the block; with ``discover``
-    (a manifest will be recorded), find what each reads while it compiles."""
+    (a manifest will be recorded), find what each reads while it compiles. ``decide``
+    is called once, before the device code generation (:func:`decide_now`), and its
+    answer replaces ``discover`` (:mod:`kernelcache.tilelang.firstrun`)."""
     calls: list[dict[str, Any] | None] = []
     _capture.calls = calls
     _capture.discover = discover
+    _capture.decide = decide
     try:
         yield calls
     finally:
         _capture.calls = None
         _capture.discover = False
+        _capture.decide = None
+
+
+def decide_now() -> None:
+    """Run the pending ``decide`` of :func:`capturing`, once; it may raise, ending the compile."""
+    decide = getattr(_capture, "decide", None)
+    if decide is not None:
+        _capture.decide = None
+        _capture.discover = decide()
 
 
 def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
