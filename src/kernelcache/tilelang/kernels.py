@@ -7,7 +7,10 @@ backend's singleton. The load hook does the whole miss itself, inside
 :meth:`kernelcache.Cache.get_or_compile`, so of N threads, processes or
 machines missing one kernel at once, one runs nvcc and the others load its
 entry; upstream's compile-then-save path is never reached for the targets
-handled here (others are passed to TileLang untouched).
+handled here (others are passed to TileLang untouched). In a first run, while
+the key's fields are still being derived, the tvm_ffi compile starts first and
+its key is decided before the device code generation
+(:mod:`kernelcache.tilelang.firstrun`).
 
 An entry is the file set upstream's per-backend writers produce (device and
 host source, the library or cubin, ``params.json``; the nvrtc backend's
