@@ -33,6 +33,7 @@ CORE = (
     "kernelcache.sloppiness",
     "kernelcache.fingerprint",
     "kernelcache.toolchain",
+    "kernelcache.buildid",
     "kernelcache.entry",
     "kernelcache.entry_format",
     "kernelcache.cache",
@@ -90,6 +91,7 @@ KEYS_LAYER = (
     "kernelcache.keys",
     "kernelcache.fingerprint",
     "kernelcache.toolchain",
+    "kernelcache.buildid",
     "kernelcache.directives",
     "kernelcache.sloppiness",
 )

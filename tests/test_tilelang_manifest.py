@@ -20,7 +20,7 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.integration import Counters
 from kernelcache.nvcc import deps
-from kernelcache.tilelang import keys, manifest
+from kernelcache.tilelang import keys, manifest, recording
 from kernelcache.tilelang.kernels import COUNTERS
 from tilelang_tree import header_tree
 
@@ -51,7 +51,7 @@ def test_a_variant_holds_while_what_the_compile_read_holds(tree: Path) -> None:
     time.sleep(0.05)  # older than the race margin of deps.record
     started = time.time_ns()
     recorded = deps.record([str(tree / "top.h"), str(tree / "cuda" / "common.h")], None, started)
-    dirs = manifest.watch([str(tree)], started)
+    dirs = recording.watch([str(tree)], started)
     assert recorded is not None
     assert dirs is not None
     cache = Cache()
@@ -114,13 +114,13 @@ def test_a_manifest_without_its_artifact_is_skipped_and_counted(tree: Path) -> N
 def _later(monkeypatch: pytest.MonkeyPatch, compiled: bool, age_ns: int) -> list[Any]:
     """The manifests record_later() recorded (``record`` stubbed: no nvcc)."""
     recorded: list[Any] = []
-    monkeypatch.setattr(manifest, "RECORDING", [])
-    monkeypatch.setattr(manifest, "record", lambda *args: recorded.append(args))
+    monkeypatch.setattr(recording, "RECORDING", [])
+    monkeypatch.setattr(recording, "record", lambda *args: recorded.append(args))
     call: dict[str, Any] = {"format": "cubin", "arch": [], "options": [], "code": "c" * 64}
     call["compiled_ns"] = time.time_ns() - age_ns
     entry = Entry({"k.cu": b"x"}, meta={manifest.CALL_META: call, "device_source": "k.cu"})
-    manifest.record_later(Cache(), PRE, RESULT, entry, time.time_ns(), compiled=compiled)
-    manifest.wait()
+    recording.record_later(Cache(), PRE, RESULT, entry, time.time_ns(), compiled=compiled)
+    recording.wait()
     return recorded
 
 
@@ -128,23 +128,25 @@ def test_who_records_a_manifest(tree: Path, monkeypatch: pytest.MonkeyPatch) -> 
     """The compiling process; a process that found an older entry by the walk; not the
     processes that waited for a fresh compile (its compiler records it)."""
     assert len(_later(monkeypatch, compiled=True, age_ns=0)) == 1
-    assert len(_later(monkeypatch, compiled=False, age_ns=2 * manifest.FRESH_NS)) == 1
+    assert len(_later(monkeypatch, compiled=False, age_ns=2 * recording.FRESH_NS)) == 1
     assert _later(monkeypatch, compiled=False, age_ns=0) == []
     monkeypatch.setenv("KERNELCACHE_READONLY", "1")
     assert _later(monkeypatch, compiled=True, age_ns=0) == []
 
 
 def test_only_one_known_nvcc_call_is_kept_as_meta() -> None:
-    call = manifest.describe_call("code", "cubin", ["-arch=sm_90"], "-std=c++20")
+    call = recording.describe_call("code", "cubin", ["-arch=sm_90"], "-std=c++20")
     assert call is not None
     assert call["options"] == ["-std=c++20"]
-    assert manifest.meta([call])[manifest.CALL_META] == {
+    assert recording.meta([call])[manifest.CALL_META] == {
         **call,
         "compiled_ns": pytest.approx(time.time_ns(), abs=10**10),
     }
-    assert manifest.meta([call, call]) == {}  # two compiles: which one did the kernel use?
-    assert manifest.describe_call("code", "cubin", None, []) is None  # arch from the current target
-    assert manifest.meta([None]) == {}
+    assert recording.meta([call, call]) == {}  # two compiles: which one did the kernel use?
+    assert (
+        recording.describe_call("code", "cubin", None, []) is None
+    )  # arch from the current target
+    assert recording.meta([None]) == {}
 
 
 def test_a_header_linked_out_of_the_trees_keeps_the_kernel_off_the_manifest(
@@ -169,14 +171,14 @@ def test_recorded_from_nvccs_device_preprocessor(tree: Path) -> None:
         '#include "top.h"\n#ifdef __CUDA_ARCH__\n#include "device_only.h"\n#endif\n'
         "__global__ void k(float* x) { x[0] = A; }\n"
     )
-    call = manifest.describe_call(code, "cubin", ["-arch=sm_90"], ["-std=c++20", f"-I{tree}"])
-    [recorded_call] = manifest.meta([call]).values()
+    call = recording.describe_call(code, "cubin", ["-arch=sm_90"], ["-std=c++20", f"-I{tree}"])
+    [recorded_call] = recording.meta([call]).values()
     entry = Entry(
         {"k.cu": code.encode()}, meta={manifest.CALL_META: recorded_call, "device_source": "k.cu"}
     )
     time.sleep(0.05)  # older than the race margin of deps.record
     cache = Cache()
-    assert manifest.record(cache, PRE, RESULT, entry, recorded_call, time.time_ns())
+    assert recording.record(cache, PRE, RESULT, entry, recorded_call, time.time_ns())
     assert _find(cache) == (RESULT, 0)
     [variant] = json.loads(cache.get(PRE)[deps.MANIFEST])  # type: ignore[index]
     assert {row[0] for row in variant["deps"]} == {

@@ -126,11 +126,11 @@ def main(argv: list[str]) -> None:
     }
     if use_kernelcache:
         import kernelcache.tilelang
-        from kernelcache.tilelang import manifest
+        from kernelcache.tilelang import recording
 
         # The header manifest is recorded after the kernel is handed back: its CPU, apart.
         cpu = children.cpu_seconds()
-        manifest.wait()
+        recording.wait()
         report["manifest_cpu_s"] = children.cpu_seconds() - cpu
         report["stats"] = kernelcache.tilelang.stats()
     print(json.dumps(report), flush=True)

@@ -40,7 +40,7 @@ from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
-from kernelcache.tilelang import firstrun, keys, manifest
+from kernelcache.tilelang import firstrun, keys, recording
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
@@ -83,8 +83,8 @@ def _hook(patches: Patches) -> None:
         )  # fmt: skip
         patches.set(upstream, LOAD, hooks.load)
         patches.set(upstream, SAVE, hooks.save)
-    # TileLang's nvcc call, noted for the header manifest (kernelcache.tilelang.manifest).
-    patches.set(tl_nvcc, COMPILE_CUDA, manifest.wrap_compile(getattr(tl_nvcc, COMPILE_CUDA)))
+    # TileLang's nvcc call, noted for the header manifest (kernelcache.tilelang.recording).
+    patches.set(tl_nvcc, COMPILE_CUDA, recording.wrap_compile(getattr(tl_nvcc, COMPILE_CUDA)))
     # A first run's key, decided before the device code generation (kernelcache.tilelang.firstrun).
     # ``import tilelang.engine.lower`` names the function tilelang.engine exports, not the module.
     tl_lower = importlib.import_module("tilelang.engine.lower")

@@ -9,7 +9,7 @@ for them before the compile put that time on the compile's path. Instead,
 key), and derives the key, looks it up and claims it just before the device
 code generation, whose nvcc run is the compile's cost
 (:func:`wrap_codegen`, calling
-:func:`kernelcache.tilelang.manifest.capturing`'s ``decide``):
+:func:`kernelcache.tilelang.recording.capturing`'s ``decide``):
 
 - the key is free: this process leads the compile, nvcc runs, and the caller
   publishes the entry through :attr:`FirstRun.claim`;
@@ -37,14 +37,14 @@ from typing import Any
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.singleflight import Claim
-from kernelcache.tilelang import manifest
+from kernelcache.tilelang import recording
 
 
 def wrap_codegen(original: Callable[..., Any]) -> Callable[..., Any]:
     """``tilelang.engine.lower.device_codegen``, deciding a pending first-run key first."""
 
     def device_codegen(*args: Any, **kwargs: Any) -> Any:
-        manifest.decide_now()
+        recording.decide_now()
         return original(*args, **kwargs)
 
     return device_codegen

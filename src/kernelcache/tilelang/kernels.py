@@ -34,7 +34,7 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
-from kernelcache.tilelang import keys, manifest
+from kernelcache.tilelang import keys, manifest, recording
 from kernelcache.tilelang.firstrun import FirstRun
 from kernelcache.tilelang.keys import kernel_key, pre_key, shared_fields
 
@@ -238,17 +238,17 @@ class BackendHooks:
         a single-flight compile."""
         pre, kc_key, started = self._key(cache, key, backend, call["backend_context"].target)
         compiled: list[Any] = []
-        recording = pre is not None and started is not None and not cache.settings.read_only
+        records = pre is not None and started is not None and not cache.settings.read_only
 
         def compile_entry() -> Entry:
             self.counters.count("misses")
-            with manifest.capturing(discover=recording) as calls:
+            with recording.capturing(discover=records) as calls:
                 compiled.append(self._compile(call))
-            return pack(self.upstream, compiled[0], call["verbose"], manifest.meta(calls))
+            return pack(self.upstream, compiled[0], call["verbose"], recording.meta(calls))
 
         entry = cache.get_or_compile(kc_key, compile_entry)
         if pre is not None and started is not None:
-            manifest.record_later(cache, pre, kc_key, entry, started, bool(compiled))
+            recording.record_later(cache, pre, kc_key, entry, started, bool(compiled))
         return kc_key, entry, compiled[0] if compiled else None
 
     def _first_run(
@@ -261,7 +261,7 @@ class BackendHooks:
         run = FirstRun(cache, lambda: self._key(cache, key, backend, target))
         start = time.perf_counter()
         try:
-            with manifest.capturing(decide=run.decide) as calls:
+            with recording.capturing(decide=run.decide) as calls:
                 kernel = self._compile(call)
         except BaseException as exc:
             return str(run.key), run.outcome(exc)
@@ -274,11 +274,11 @@ class BackendHooks:
             return str(run.key), kernel  # TileLang went on after decide() ended it: kept as is
         self.counters.count("misses")
         entry = run.publish(
-            lambda: pack(self.upstream, kernel, call["verbose"], manifest.meta(calls)),
+            lambda: pack(self.upstream, kernel, call["verbose"], recording.meta(calls)),
             time.perf_counter() - start,
         )
         if run.pre is not None and run.started is not None:
-            manifest.record_later(cache, run.pre, str(run.key), entry, run.started, True)
+            recording.record_later(cache, run.pre, str(run.key), entry, run.started, True)
         return str(run.key), kernel
 
     def _key(

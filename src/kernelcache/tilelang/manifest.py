@@ -33,6 +33,10 @@ So every directory of the trees is watched instead: a new, removed or
 renamed file anywhere under them misses; an edit of a file the kernel did not
 read hits (the whole-tree key missed there before).
 
+Recording them (the compile's nvcc call, its preprocessor runs, the
+manifest's write) is :mod:`kernelcache.tilelang.recording`; this module
+looks manifests up.
+
 Only the ``tvm_ffi`` backend is served this way: its one nvcc run is the
 device compile captured here (its host side is LLVM's, linked without
 headers). The cython backend compiles a wrapper with the same ``-I`` folders
@@ -42,25 +46,17 @@ include lookups nvcc cannot report: both keep the walk.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-import subprocess
-import tempfile
-import threading
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
-from kernelcache.keys import sha256
 from kernelcache.nvcc import deps
 from kernelcache.tilelang import keys
 
@@ -73,124 +69,6 @@ CALL_META = "tilelang_nvcc_call"
 #: How options name a header tree in that meta: folders differ between machines.
 _TREE_TOKEN = "@kernelcache-tilelang-tree:"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_TIMEOUT = 600
-
-_capture = threading.local()
-
-
-def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``tilelang.contrib.nvcc.compile_cuda``, noting its calls while :func:`capturing`."""
-
-    def compile_cuda(
-        code: str,
-        target_format: str = "ptx",
-        arch: Any = None,
-        options: Any = None,
-        path_target: Any = None,
-        verbose: bool = False,
-    ) -> Any:
-        calls = getattr(_capture, "calls", None)
-        if calls is not None:
-            decide_now()  # normally done before code generation (firstrun.wrap_codegen)
-            call = describe_call(code, target_format, arch, options)
-            calls.append(call)
-            if call is not None and getattr(_capture, "discover", False):
-                _discover_early(code, call)
-        return original(code, target_format, arch, options, path_target, verbose)
-
-    return compile_cuda
-
-
-#: Discoveries started beside nvcc (:func:`_discover_early`), by the code's digest:
-#: the thread and, once it ran, ``[files read or None]``.
-_EARLY: dict[str, tuple[threading.Thread, list[list[str] | None]]] = {}
-_EARLY_LOCK = threading.Lock()
-
-
-def _discover_early(code: str, call: dict[str, Any]) -> None:
-    """Start :func:`discover` for a compile about to run, beside nvcc.
-
-    The preprocessor runs take ~0.25 s of CPU; run while nvcc compiles, they use
-    a core a one-compile process leaves idle (and a process waiting for this
-    compile elsewhere leaves idle), instead of keeping the process alive after
-    its kernel was handed back. :func:`record` takes the answer.
-    """
-    holder: list[list[str] | None] = []
-
-    def run() -> None:
-        try:
-            holder.append(discover(code, call))
-        except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
-            logger.info("kernelcache: no TileLang header manifest (%s)", exc)
-            holder.append(None)
-
-    thread = threading.Thread(target=run, name="kernelcache-tilelang-deps", daemon=True)
-    with _EARLY_LOCK:
-        _EARLY[call["code"]] = (thread, holder)
-    thread.start()
-
-
-def _early_result(code_digest: object) -> tuple[bool, list[str] | None]:
-    """``(True, files read)`` from a discovery started beside nvcc, else ``(False, None)``."""
-    with _EARLY_LOCK:
-        found = _EARLY.pop(code_digest, None) if isinstance(code_digest, str) else None
-    if found is None:
-        return False, None
-    thread, holder = found
-    thread.join()
-    return True, holder[0] if holder else None
-
-
-def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
-    """The call as entry meta, or ``None`` when its flags are not all known here."""
-    if isinstance(options, str):
-        options = [options]
-    if isinstance(arch, str):
-        arch = ["-arch", arch]
-    if not isinstance(arch, list) or not isinstance(options, list | type(None)):
-        return None  # arch=None: TileLang derives it from the current target
-    folders = {f"-I{keys.headers_folder(label)}": label for label in keys.HEADER_TREES}
-    return {
-        "format": target_format,
-        "arch": [str(a) for a in arch],
-        "options": [_TREE_TOKEN + folders[o] if o in folders else str(o) for o in options or []],
-        "code": sha256(code.encode()).hexdigest(),
-    }
-
-
-@contextlib.contextmanager
-def capturing(
-    discover: bool = False, decide: Callable[[], bool] | None = None
-) -> Iterator[list[dict[str, Any] | None]]:
-    """Note the nvcc calls this thread's TileLang makes in the block; with ``discover``
-    (a manifest will be recorded), find what each reads while it compiles. ``decide``
-    is called once, before the device code generation (:func:`decide_now`), and its
-    answer replaces ``discover`` (:mod:`kernelcache.tilelang.firstrun`)."""
-    calls: list[dict[str, Any] | None] = []
-    _capture.calls = calls
-    _capture.discover = discover
-    _capture.decide = decide
-    try:
-        yield calls
-    finally:
-        _capture.calls = None
-        _capture.discover = False
-        _capture.decide = None
-
-
-def decide_now() -> None:
-    """Run the pending ``decide`` of :func:`capturing`, once; it may raise, ending the compile."""
-    decide = getattr(_capture, "decide", None)
-    if decide is not None:
-        _capture.decide = None
-        _capture.discover = decide()
-
-
-def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """Entry meta for one compile: its nvcc call, if it made exactly one that is known."""
-    if len(calls) != 1 or calls[0] is None:
-        return {}
-    return {CALL_META: {**calls[0], "compiled_ns": time.time_ns()}}
 
 
 def _roots() -> list[str]:
@@ -200,7 +78,7 @@ def _roots() -> list[str]:
 class _Roots:
     """The header trees' folders (real paths), for the path tests of a lookup (~140 a hit).
 
-    Recorded paths are real paths (:func:`record`): no ``.``, ``..`` or ``//``
+    Recorded paths are real paths (:func:`kernelcache.tilelang.recording.record`): no ``.``, ``..`` or ``//``
     to normalize, so a string test suffices on the hit path.
     """
 
@@ -269,7 +147,7 @@ def _variants(stored: Entry | None, roots: list[str]) -> tuple[list[dict[str, An
 
 
 def _valid(variant: dict[str, Any], roots: _Roots) -> bool:
-    """Whether a variant has the shape :func:`record` writes, every path under the trees."""
+    """Whether a variant has the shape :func:`~kernelcache.tilelang.recording.record` writes, every path under the trees."""
     rows, dirs, result = variant.get("deps"), variant.get("absent"), variant.get("result")
     if not (isinstance(rows, list) and isinstance(dirs, list) and isinstance(result, str)):
         return False
@@ -330,133 +208,3 @@ def _dirs_unchanged(rows: list[list[Any]]) -> bool:
         except OSError:
             return False
     return True
-
-
-# --- recording ---------------------------------------------------------------
-
-#: Threads recording manifests (:func:`record_later`), for :func:`wait`.
-RECORDING: list[threading.Thread] = []
-
-
-#: An entry compiled this recently (by another process) is having its manifest recorded
-#: by its compiler: a process that found it by the walk does not record it again.
-FRESH_NS = 60_000_000_000
-
-
-def record_later(
-    cache: Cache, pre: str, key: str, entry: Entry, started_ns: int, compiled: bool
-) -> None:
-    """Record ``entry``'s manifest in a background thread (see the module docstring).
-
-    After this process's compile, always; after a hit by the walk, unless the
-    entry is fresh from another process (N processes that waited for one
-    compile would otherwise all run nvcc's preprocessor for the same manifest).
-    """
-    call = entry.meta.get(CALL_META)
-    if not isinstance(call, dict) or cache.settings.read_only:
-        return
-    born = call.get("compiled_ns")
-    if not compiled and type(born) is int and 0 <= time.time_ns() - born < FRESH_NS:
-        return
-    thread = threading.Thread(
-        target=_record_logged,
-        args=(cache, pre, key, entry, call, started_ns),
-        name="kernelcache-tilelang-manifest",
-    )
-    RECORDING[:] = [t for t in RECORDING if t.is_alive()] + [thread]
-    thread.start()
-
-
-def wait() -> None:
-    """Wait for the manifests being recorded (tests, benchmarks)."""
-    for thread in list(RECORDING):
-        thread.join()
-
-
-def _record_logged(*args: Any) -> None:
-    try:
-        record(*args)
-    except (OSError, ValueError, KeyError, TypeError, CorruptEntry, StoreError) as exc:
-        logger.info("kernelcache: no TileLang header manifest (%s)", exc)
-    except subprocess.SubprocessError as exc:  # nvcc's preprocessor timed out
-        logger.info("kernelcache: no TileLang header manifest (%s)", exc)
-
-
-def record(
-    cache: Cache, pre: str, key: str, entry: Entry, call: dict[str, Any], started_ns: int
-) -> bool:
-    """Store a variant saying ``key`` holds while the files the compile read hold."""
-    source = entry[entry.meta["device_source"]]
-    if sha256(source).hexdigest() != call.get("code"):
-        return False  # not the code the captured call compiled
-    early, read = _early_result(call.get("code"))
-    if not early:
-        read = discover(source.decode(), call)
-    roots = _roots()
-    if read is None or not roots:
-        return False
-    files = tree_files(read, roots)
-    if files is None:
-        return False
-    recorded = deps.record(files, None, started_ns)
-    dirs = watch(roots, started_ns)
-    if recorded is None or dirs is None:
-        return False  # a header changed while the key was derived: no vouching for it
-    try:
-        kept = _variants(cache.get(pre), roots)[0]
-    except (CorruptEntry, StoreError):
-        kept = []
-    variants = deps.add_variant(kept, recorded[0], dirs, key)
-    cache.put(pre, Entry({deps.MANIFEST: json.dumps(variants).encode()}))
-    return True
-
-
-def watch(roots: list[str], started_ns: int) -> list[list[Any]] | None:
-    """``[folder, signature, names digest]`` of every directory of the trees (links not followed)."""
-    out: list[list[Any]] = []
-    now = time.time_ns()
-    for root in roots:
-        for folder, _subdirs, _files in os.walk(root):
-            st = os.stat(folder)
-            if max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns - deps.RACE_SLOP_NS:
-                return None
-            sig = None if _fs.too_new(st, now) else deps.signature(st)
-            out.append([folder, sig, _names(folder)])
-    return out
-
-
-def discover(code: str, call: dict[str, Any]) -> list[str] | None:
-    """Every file nvcc's preprocessor runs read for this compile (``None``: unknown)."""
-    from tilelang.contrib.cc import get_cplus_compiler
-    from tilelang.contrib.nvcc import get_nvcc_compiler, get_nvcc_subprocess_env
-
-    from kernelcache.nvcc import args, preprocess
-
-    options = []
-    for option in call["options"]:
-        if option.startswith(_TREE_TOKEN):
-            folder = keys.headers_folder(option[len(_TREE_TOKEN) :])
-            if folder is None:
-                return None
-            option = f"-I{folder}"
-        options.append(option)
-    with tempfile.TemporaryDirectory(prefix="kernelcache-tilelang-deps-") as tmp:
-        source = os.path.join(tmp, "tvm_kernels.cu")
-        with open(source, "w") as f:
-            f.write(code)
-        # TileLang's compile_cuda command line (tilelang/contrib/nvcc.py, 0.1.15).
-        argv = [f"-ccbin={get_cplus_compiler()}", f"--{call['format']}", "-O3", "-lineinfo"]
-        argv += [*call["arch"], *options, "-o", os.path.join(tmp, "out"), source]
-        env = get_nvcc_subprocess_env() or os.environ
-        planned = preprocess.commands(get_nvcc_compiler(), args.parse(argv, env), env)
-        if planned is None:
-            return None
-        read: list[str] = []
-        for command in planned[0]:
-            proc = subprocess.run(
-                [*command, "-M"], capture_output=True, env=planned[1], timeout=_TIMEOUT
-            )
-            if proc.returncode != 0:
-                return None
-            read += deps.parse_depfile(proc.stdout)[1]
-    return read
