@@ -77,8 +77,9 @@ class FirstRun:
     def decided(self) -> bool:
         return self.key is not None or self.error is not None
 
-    def decide(self) -> bool:
-        """Derive, look up and claim the key; ``True`` when a manifest is to be recorded.
+    def decide(self) -> int | None:
+        """Derive, look up and claim the key; the walk's start when a manifest is to be
+        recorded (:func:`kernelcache.tilelang.recording.capturing`), else ``None``.
 
         Raises :class:`EntryFound` (into TileLang) when the entry is there or the
         lookup failed; the attributes say which.
@@ -90,11 +91,8 @@ class FirstRun:
                 claim = self.cache.claim(self.key)
                 if claim.entry is None:
                     self.claim = claim
-                    return (
-                        self.pre is not None
-                        and self.started is not None
-                        and not self.cache.settings.read_only
-                    )
+                    records = self.pre is not None and not self.cache.settings.read_only
+                    return self.started if records else None
                 entry = claim.entry
             self.entry = entry
         except BaseException as exc:  # raised again by the caller, as it was

@@ -238,11 +238,12 @@ class BackendHooks:
         a single-flight compile."""
         pre, kc_key, started = self._key(cache, key, backend, call["backend_context"].target)
         compiled: list[Any] = []
-        records = pre is not None and started is not None and not cache.settings.read_only
+        records = pre is not None and not cache.settings.read_only
+        record_from = started if records else None  # the walk's start: None after a manifest hit
 
         def compile_entry() -> Entry:
             self.counters.count("misses")
-            with recording.capturing(discover=records) as calls:
+            with recording.capturing(started=record_from) as calls:
                 compiled.append(self._compile(call))
             return pack(self.upstream, compiled[0], call["verbose"], recording.meta(calls))
 

@@ -63,35 +63,42 @@ def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
             decide_now()  # normally done before code generation (firstrun.wrap_codegen)
             call = describe_call(code, target_format, arch, options)
             calls.append(call)
-            if call is not None and getattr(_capture, "discover", False):
-                _discover_early(code, call)
+            started = getattr(_capture, "started", None)
+            if call is not None and started is not None:
+                _discover_early(code, call, started)
         return original(code, target_format, arch, options, path_target, verbose)
 
     return compile_cuda
 
 
 #: Discoveries started beside nvcc (:func:`_discover_early`), by the code's digest:
-#: the thread and, once it ran, ``[files read or None]``.
-_EARLY: dict[str, tuple[threading.Thread, list[list[str] | None]]] = {}
+#: the thread and, once it ran, ``[(files read or None, the trees' directories or None)]``.
+_Found = tuple[list[str] | None, list[list[Any]] | None]
+_EARLY: dict[str, tuple[threading.Thread, list[_Found]]] = {}
 _EARLY_LOCK = threading.Lock()
 
 
-def _discover_early(code: str, call: dict[str, Any]) -> None:
-    """Start :func:`discover` for a compile about to run, beside nvcc.
+def _discover_early(code: str, call: dict[str, Any], started_ns: int) -> None:
+    """Start :func:`discover` for a compile about to run, beside nvcc, then :func:`watch`.
 
     The preprocessor runs take ~0.25 s of CPU; run while nvcc compiles, they use
     a core a one-compile process leaves idle (and a process waiting for this
     compile elsewhere leaves idle), instead of keeping the process alive after
-    its kernel was handed back. :func:`record` takes the answer.
+    its kernel was handed back. The trees' directories are listed there too
+    (~10 ms): a directory changed since the walk started (``started_ns``) is
+    refused as it would be later, and one changed after the listing shows at
+    the lookup, by its stat. :func:`record` takes the answers.
     """
-    holder: list[list[str] | None] = []
+    holder: list[_Found] = []
 
     def run() -> None:
         try:
-            holder.append(discover(code, call))
+            read = discover(code, call)
+            roots = _roots()
+            holder.append((read, watch(roots, started_ns) if read is not None and roots else None))
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             logger.info("kernelcache: no TileLang header manifest (%s)", exc)
-            holder.append(None)
+            holder.append((None, None))
 
     thread = threading.Thread(target=run, name="kernelcache-tilelang-deps", daemon=True)
     with _EARLY_LOCK:
@@ -99,15 +106,15 @@ def _discover_early(code: str, call: dict[str, Any]) -> None:
     thread.start()
 
 
-def _early_result(code_digest: object) -> tuple[bool, list[str] | None]:
-    """``(True, files read)`` from a discovery started beside nvcc, else ``(False, None)``."""
+def _early_result(code_digest: object) -> _Found | None:
+    """``(files read, directories)`` from a discovery started beside nvcc, if one was."""
     with _EARLY_LOCK:
         found = _EARLY.pop(code_digest, None) if isinstance(code_digest, str) else None
     if found is None:
-        return False, None
+        return None
     thread, holder = found
     thread.join()
-    return True, holder[0] if holder else None
+    return holder[0] if holder else (None, None)
 
 
 def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
@@ -129,21 +136,22 @@ def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dic
 
 @contextlib.contextmanager
 def capturing(
-    discover: bool = False, decide: Callable[[], bool] | None = None
+    started: int | None = None, decide: Callable[[], int | None] | None = None
 ) -> Iterator[list[dict[str, Any] | None]]:
-    """Note the nvcc calls this thread's TileLang makes in the block; with ``discover``
-    (a manifest will be recorded), find what each reads while it compiles. ``decide``
-    is called once, before the device code generation (:func:`decide_now`), and its
-    answer replaces ``discover`` (:mod:`kernelcache.tilelang.firstrun`)."""
+    """Note the nvcc calls this thread's TileLang makes in the block; with ``started``
+    (a manifest will be recorded, its key's walk started then), find what each reads
+    while it compiles. ``decide`` is called once, before the device code generation
+    (:func:`decide_now`), and its answer replaces ``started``
+    (:mod:`kernelcache.tilelang.firstrun`)."""
     calls: list[dict[str, Any] | None] = []
     _capture.calls = calls
-    _capture.discover = discover
+    _capture.started = started
     _capture.decide = decide
     try:
         yield calls
     finally:
         _capture.calls = None
-        _capture.discover = False
+        _capture.started = None
         _capture.decide = None
 
 
@@ -152,7 +160,7 @@ def decide_now() -> None:
     decide = getattr(_capture, "decide", None)
     if decide is not None:
         _capture.decide = None
-        _capture.discover = decide()
+        _capture.started = decide()
 
 
 def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -219,9 +227,8 @@ def record(
     source = entry[entry.meta["device_source"]]
     if sha256(source).hexdigest() != call.get("code"):
         return False  # not the code the captured call compiled
-    early, read = _early_result(call.get("code"))
-    if not early:
-        read = discover(source.decode(), call)
+    early = _early_result(call.get("code"))
+    read, dirs = early if early is not None else (discover(source.decode(), call), None)
     roots = _roots()
     if read is None or not roots:
         return False
@@ -229,7 +236,8 @@ def record(
     if files is None:
         return False
     recorded = deps.record(files, None, started_ns)
-    dirs = watch(roots, started_ns)
+    if early is None:
+        dirs = watch(roots, started_ns)
     if recorded is None or dirs is None:
         return False  # a header changed while the key was derived: no vouching for it
     try:
