@@ -129,6 +129,14 @@ def test_a_first_run_decides_the_key_before_code_generation(
     assert len(toolkit.runs()) == runs_before, "an entry found must end the compile before nvcc"
     assert again["source_chars"] == reports[0]["source_chars"] > 0
     assert again["adapter_class"] == ADAPTERS["tvm_ffi"]
+    # Without its manifest, a first run finds the entry by the walk and records it again.
+    _manifests(dsl_env, delete=True)
+    walked = run(dsl_env, "add", "tvm_ffi", "--first-run", "--record-fresh")
+    assert walked["stats"] == {**walked["stats"], "hits": 1, "compiles": 0, "manifest_hits": 0}
+    assert _manifests(dsl_env), "the walk's hit records the manifest for the next process"
+    assert run(dsl_env, "add", "tvm_ffi", "--first-run")["stats"]["manifest_hits"] == 1
+    assert len(toolkit.runs()) > runs_before  # the recording's preprocessor runs, not a compile
+    assert len(toolkit.compiles()) == 1
 
 
 def test_a_failed_lookup_in_a_first_run_raises_as_itself(

@@ -10,7 +10,8 @@ PATH: lets a test start several compiles at the same moment), and
 GEMM's k tile), ``--evict-after-get`` (remove the entry and its files from the cache between
 kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
 (take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
-being derived) and ``--lookup-fails`` (the key's derivation raises PermissionError).
+being derived), ``--record-fresh`` (a hit by the walk records the header manifest even for an
+entry compiled within the last minute) and ``--lookup-fails`` (the key's derivation raises PermissionError).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 """
 
@@ -100,6 +101,10 @@ def main(argv: list[str]) -> None:
         kernelcache.tilelang.install()
         if "--evict-after-get" in argv:
             _evict_after_get()
+        if "--record-fresh" in argv:
+            from kernelcache.tilelang import recording
+
+            recording.FRESH_NS = 0  # record a manifest after a walk's hit on a new entry too
         if "--first-run" in argv:
             from kernelcache.tilelang import keys
 

@@ -265,7 +265,11 @@ class BackendHooks:
             with recording.capturing(decide=run.decide) as calls:
                 kernel = self._compile(call)
         except BaseException as exc:
-            return str(run.key), run.outcome(exc)
+            found = run.outcome(exc)
+            if run.pre is not None and run.started is not None:
+                # Found by the walk: its manifest, for the next process (as _lookup does).
+                recording.record_later(cache, run.pre, str(run.key), found, run.started, False)
+            return str(run.key), found
         if not run.decided:  # no nvcc run went through compile_cuda: keyed now
             _, kc_key, _ = self._key(cache, key, backend, target)
             self.counters.count("misses")
