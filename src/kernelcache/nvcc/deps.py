@@ -127,6 +127,22 @@ def record(
     return rows, contents
 
 
+def unchanged(st: os.stat_result, sig: Sequence[int] | None) -> bool:
+    """Whether ``st`` has the recorded signature (``None``: never recorded, so no).
+
+    Field by field, the likeliest to differ first: one call per dependency (and
+    per watched directory, :mod:`kernelcache.tilelang.manifest`) on every hit.
+    """
+    return (
+        sig is not None
+        and st.st_mtime_ns == sig[3]
+        and st.st_ino == sig[1]
+        and st.st_size == sig[2]
+        and st.st_ctime_ns == sig[4]
+        and st.st_dev == sig[0]
+    )
+
+
 def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
     """Whether every recorded dependency still has its recorded content."""
     stat = os.stat
@@ -136,15 +152,7 @@ def matches(rows: Sequence[Sequence[Any]], basedir: str | None) -> bool:
             return False
         try:
             st = stat(path)
-            # The signature, compared field by field: one call per dependency on every hit.
-            if (
-                sig is not None
-                and st.st_mtime_ns == sig[3]
-                and st.st_ino == sig[1]
-                and st.st_size == sig[2]
-                and st.st_ctime_ns == sig[4]
-                and st.st_dev == sig[0]
-            ):
+            if unchanged(st, sig):
                 continue
             if _digest(path, st) != digest:
                 return False

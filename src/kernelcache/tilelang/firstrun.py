@@ -91,8 +91,7 @@ class FirstRun:
                 claim = self.cache.claim(self.key)
                 if claim.entry is None:
                     self.claim = claim
-                    records = self.pre is not None and not self.cache.settings.read_only
-                    return self.started if records else None
+                    return recording.walk_start(self.cache, self.pre, self.started)
                 entry = claim.entry
             self.entry = entry
         except BaseException as exc:  # raised again by the caller, as it was

@@ -238,18 +238,15 @@ class BackendHooks:
         a single-flight compile."""
         pre, kc_key, started = self._key(cache, key, backend, call["backend_context"].target)
         compiled: list[Any] = []
-        records = pre is not None and not cache.settings.read_only
-        record_from = started if records else None  # the walk's start: None after a manifest hit
 
         def compile_entry() -> Entry:
             self.counters.count("misses")
-            with recording.capturing(started=record_from) as calls:
+            with recording.capturing(started=recording.walk_start(cache, pre, started)) as calls:
                 compiled.append(self._compile(call))
             return pack(self.upstream, compiled[0], call["verbose"], recording.meta(calls))
 
         entry = cache.get_or_compile(kc_key, compile_entry)
-        if pre is not None and started is not None:
-            recording.record_later(cache, pre, kc_key, entry, started, bool(compiled))
+        recording.record_later(cache, pre, kc_key, entry, started, bool(compiled))
         return kc_key, entry, compiled[0] if compiled else None
 
     def _first_run(
@@ -266,9 +263,8 @@ class BackendHooks:
                 kernel = self._compile(call)
         except BaseException as exc:
             found = run.outcome(exc)
-            if run.pre is not None and run.started is not None:
-                # Found by the walk: its manifest, for the next process (as _lookup does).
-                recording.record_later(cache, run.pre, str(run.key), found, run.started, False)
+            # Found by the walk: its manifest, for the next process (as _lookup does).
+            recording.record_later(cache, run.pre, str(run.key), found, run.started, False)
             return str(run.key), found
         if not run.decided:  # no nvcc run went through compile_cuda: keyed now
             _, kc_key, _ = self._key(cache, key, backend, target)
@@ -282,8 +278,7 @@ class BackendHooks:
             lambda: pack(self.upstream, kernel, call["verbose"], recording.meta(calls)),
             time.perf_counter() - start,
         )
-        if run.pre is not None and run.started is not None:
-            recording.record_later(cache, run.pre, str(run.key), entry, run.started, True)
+        recording.record_later(cache, run.pre, str(run.key), entry, run.started, True)
         return str(run.key), kernel
 
     def _key(

@@ -216,16 +216,7 @@ def _dirs_unchanged(rows: list[list[Any]]) -> bool:
     stat = os.stat
     for folder, sig, names in rows:
         try:
-            st = stat(folder)
-            # Field by field, as deps.matches: one comparison per directory on every hit.
-            if (
-                sig is not None
-                and st.st_mtime_ns == sig[3]
-                and st.st_ino == sig[1]
-                and st.st_ctime_ns == sig[4]
-                and st.st_size == sig[2]
-                and st.st_dev == sig[0]
-            ):
+            if deps.unchanged(stat(folder), sig):
                 continue
             if _names(folder) != names:
                 return False

@@ -181,17 +181,26 @@ RECORDING: list[threading.Thread] = []
 FRESH_NS = 60_000_000_000
 
 
+def walk_start(cache: Cache, pre: str | None, started_ns: int | None) -> int | None:
+    """When the key's walk started, if this lookup's manifest is to be recorded; ``None``
+    without a pre-key (a backend without manifests), after a manifest hit (no walk) and
+    in a read-only cache. What :func:`capturing` and :func:`record_later` take."""
+    return started_ns if pre is not None and not cache.settings.read_only else None
+
+
 def record_later(
-    cache: Cache, pre: str, key: str, entry: Entry, started_ns: int, compiled: bool
+    cache: Cache, pre: str | None, key: str, entry: Entry, started_ns: int | None, compiled: bool
 ) -> None:
     """Record ``entry``'s manifest in a background thread (see the module docstring).
 
     After this process's compile, always; after a hit by the walk, unless the
     entry is fresh from another process (N processes that waited for one
     compile would otherwise all run nvcc's preprocessor for the same manifest).
+    Nothing when :func:`walk_start` says none is to be recorded.
     """
+    started_ns = walk_start(cache, pre, started_ns)
     call = entry.meta.get(CALL_META)
-    if not isinstance(call, dict) or cache.settings.read_only:
+    if pre is None or started_ns is None or not isinstance(call, dict):
         return
     born = call.get("compiled_ns")
     if not compiled and type(born) is int and 0 <= time.time_ns() - born < FRESH_NS:
