@@ -137,6 +137,19 @@ def start_server(cache_dir: Path, env: dict[str, str], timeout: float = 60.0) ->
     wait_for(lambda: listening(cache_dir), timeout, "the server to listen")
 
 
+#: How long a test waits for a stopped server to exit. It exits at once, but on
+#: a loaded CI machine (two workers compiling, coverage saving each process's
+#: data on its way out) one was seen still running after stop()'s own 10 s.
+STOP_TIMEOUT = 60.0
+
+
+def stop_server(cache_dir: Path | str) -> bool:
+    """Stop ``cache_dir``'s server and wait for it to exit; ``False`` if none ran."""
+    from kernelcache.nvcc import server
+
+    return server.stop(str(cache_dir), STOP_TIMEOUT)
+
+
 def listening(cache_dir: Path) -> bool:
     """Whether a server accepts connections on ``cache_dir``'s socket.
 

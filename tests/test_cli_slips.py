@@ -17,7 +17,7 @@ from cli_run import SRC, kc, kc_json
 from kernelcache import Cache, Entry, Settings
 from kernelcache.nvcc import server
 from kernelcache.stores.redis import RedisStore
-from launcher_env import clean_env, start_server, wait_for
+from launcher_env import clean_env, start_server, stop_server, wait_for
 from redis_server import RedisServer
 
 
@@ -190,7 +190,7 @@ def test_server_status_and_stop(tmp_path: Path) -> None:
         again = kc("server", "stop", env=env)
         assert "no launcher server runs" in again.stdout
     finally:
-        server.stop(str(cache_dir))
+        stop_server(cache_dir)
 
 
 def test_config_lists_every_setting_with_human_sizes(tmp_path: Path) -> None:

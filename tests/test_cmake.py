@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import server
-from launcher_env import clean_env, make_bin, stats
+from launcher_env import clean_env, make_bin, stats, stop_server
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "nvcc")),
@@ -85,7 +84,7 @@ def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     )
     time.sleep(0.05)  # sources older than the first compile's start (nvcc_deps.RACE_SLOP_NS)
     yield root, env
-    server.stop(env["KERNELCACHE_DIR"])
+    stop_server(env["KERNELCACHE_DIR"])
 
 
 def build(root: Path, env: dict[str, str], *target: str) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import client, native, server
+from kernelcache.nvcc import client, native
 from launcher_env import (
     CUBIN,
     FakeServer,
@@ -37,6 +37,7 @@ from launcher_env import (
     server_pid,
     start_server,
     stats,
+    stop_server,
     wait_for,
     without_file_symbol,
 )
@@ -133,7 +134,7 @@ class Setup(Project):
 def setup(tmp_path: Path, built: Path) -> Iterator[Setup]:
     s = Setup(tmp_path, built)
     yield s
-    server.stop(str(s.cache))
+    stop_server(s.cache)
 
 
 # The client matches this checkout ------------------------------------------------
@@ -392,7 +393,7 @@ def test_compiled_client_hits_are_what_nvcc_gave(setup: Setup) -> None:
         )
     assert plain["bad"][0].returncode != 0
     assert stats(setup.cache) == {**stats(setup.cache), "hits": 4, "server_hits": 4, "failed": 1}
-    server.stop(str(setup.cache))
+    stop_server(setup.cache)
     report = answered(setup.cache)
     assert report["compiled hit"] == 4
     assert report["python hit"] == 0
@@ -419,7 +420,7 @@ def test_a_killed_server_is_replaced_by_way_of_the_python_client(setup: Setup) -
     wait_for(lambda: server_pid(setup.cache) not in (None, pid), 60, "a new server")
     wait_for(lambda: listening(setup.cache), 60, "it to listen")  # not the killed one's file
     _same_cubin(setup, setup.run(), cold)
-    server.stop(str(setup.cache))
+    stop_server(setup.cache)
     assert answered(setup.cache)["compiled hit"] == 1
 
 
@@ -449,7 +450,7 @@ def test_server_off_or_read_only_means_no_request(setup: Setup) -> None:
         _same_cubin(setup, setup.run(KERNELCACHE_SERVER=value), cold)
     assert stats(setup.cache)["hits"] == 2
     _same_cubin(setup, setup.run(KERNELCACHE_READONLY="yes"), cold)
-    server.stop(str(setup.cache))
+    stop_server(setup.cache)
     assert not answered(setup.cache)
 
 
@@ -466,7 +467,7 @@ def test_an_older_client_leaves_the_server_and_asks_through_python(
         _same_cubin(setup, setup.run(), cold)
     assert server_pid(setup.cache) == pid
     assert stats(setup.cache)["server_hits"] == 3
-    server.stop(str(setup.cache))
+    stop_server(setup.cache)
     report = answered(setup.cache)
     assert report["compiled fallback"] == 3
     assert report["python hit"] == 3
@@ -496,7 +497,7 @@ def warm_cache(tmp_path_factory: pytest.TempPathFactory, sanitized: Path) -> Ite
         assert s.run().returncode == 0
         s.cold = (s.project / "k.cubin").read_bytes()
     yield s
-    server.stop(str(s.cache))
+    stop_server(s.cache)
 
 
 def _body(*items: bytes) -> bytes:
@@ -564,7 +565,7 @@ def test_the_server_builds_the_client_in_the_background(tmp_path: Path) -> None:
     try:
         wait_for(lambda: client_path(cache).exists(), 120, "the client to be built")
     finally:
-        server.stop(str(cache))
+        stop_server(cache)
     st = os.lstat(client_path(cache))
     assert stat.S_ISREG(st.st_mode)
     assert stat.S_IMODE(st.st_mode) == 0o1700
@@ -597,7 +598,7 @@ def test_a_failed_build_is_logged_counted_and_not_retried(tmp_path: Path) -> Non
     for expected in ("could not build", "not built again"):
         start_server(cache, env)
         wait_for(lambda: expected in log.read_text(), 120, expected)  # noqa: B023
-        server.stop(str(cache))
+        stop_server(cache)
     calls = (fake / "calls").read_text().splitlines()
     assert len(calls) == len(native.FLAG_SETS)  # one attempt, each way of linking
     note = client_path(cache).with_name(client_path(cache).name + ".failed")
@@ -613,7 +614,7 @@ def test_without_a_compiler_the_server_builds_nothing(tmp_path: Path) -> None:
     start_server(cache, env)
     log = cache / "launcher.log"
     wait_for(lambda: "no C compiler" in log.read_text(), 120, "the server to look for one")
-    server.stop(str(cache))
+    stop_server(cache)
     assert not [p for p in cache.iterdir() if p.name.startswith(native.PREFIX)]
     assert not (cache / "nvcc-stats.json").exists()
 

@@ -32,6 +32,7 @@ from launcher_env import (
     server_pid,
     start_server,
     stats,
+    stop_server,
     wait_for,
 )
 
@@ -43,7 +44,7 @@ def setup(tmp_path: Path) -> Iterator[Project]:
     s = Project(tmp_path)
     time.sleep(0.05)
     yield s
-    server.stop(str(s.cache))
+    stop_server(s.cache)
 
 
 def test_hit_from_the_server_is_what_nvcc_gave(setup: Project) -> None:
@@ -117,8 +118,13 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Project) -> None:
         assert (setup.project / "k.cubin").stat().st_size > 100
         assert stats(setup.cache)["server_hits"] == 0
         assert stats(setup.cache)["hits"] == 1
+        # A stop that gives up says what the server is doing (here: stopped, "T").
+        with pytest.raises(TimeoutError, match=rf"\(pid {pid}\) did not exit in 0.5 s \(state: T"):
+            server.stop(str(setup.cache), 0.5)
     finally:
         os.kill(pid, signal.SIGCONT)
+    # The SIGTERM it was sent ends it once it runs again.
+    wait_for(lambda: server_pid(setup.cache) is None, 60, "the stopped server to exit")
 
 
 @pytest.mark.parametrize(
@@ -217,7 +223,7 @@ def test_server_hits_are_in_the_cache_statistics(setup: Project) -> None:
     setup.warm()
     for _ in range(3):
         assert setup.run().returncode == 0
-    server.stop(str(setup.cache))  # a stopping server flushes what it counted
+    stop_server(setup.cache)  # a stopping server flushes what it counted
     cmd = [sys.executable, "-m", "kernelcache", "--dir", str(setup.cache), "stats", "--json"]
     report = json.loads(subprocess.run(cmd, capture_output=True, check=True).stdout)
     # Each hit reads the manifest and the result from the disk tier.

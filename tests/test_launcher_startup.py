@@ -96,8 +96,7 @@ posix._exit = listing_exit
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
     """The client, run as the ``kernelcache`` executable runs it, imports almost nothing."""
-    from kernelcache.nvcc import server
-    from launcher_env import clean_env, make_bin, start_server, stats
+    from launcher_env import clean_env, make_bin, start_server, stats, stop_server
 
     project = tmp_path / "p"
     shutil.copytree(EXAMPLES, project)
@@ -148,7 +147,7 @@ def test_a_launcher_hit_imports_little(tmp_path: Path) -> None:
         heavy = set(NOT_ON_THE_HIT_PATH) - {"os", "re", "typing"}  # site imports those
         assert not set(imported) & heavy
     finally:
-        server.stop(str(tmp_path / "cache"))
+        stop_server(tmp_path / "cache")
 
 
 @pytest.mark.parametrize(

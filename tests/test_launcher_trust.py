@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import server
 from launcher_env import (
     CUBIN,
     ROOT,
@@ -26,6 +25,7 @@ from launcher_env import (
     listening,
     make_bin,
     server_pid,
+    stop_server,
     wait_for,
 )
 from other_user import OTHER, as_other, needs_other_user, others_dir, shared_base
@@ -195,7 +195,7 @@ def test_a_planted_link_is_never_written_through(
         (project.project / "k.cubin").unlink()
         assert project.run().returncode == 0  # a hit, from the server if one listens
     finally:
-        server.stop(str(project.cache))  # its report goes to the log
+        stop_server(project.cache)  # its report goes to the log
 
 
 def _foreign_elf(path: Path) -> None:
@@ -233,6 +233,6 @@ def test_a_client_that_cannot_start_here_falls_back_and_is_built_again(
         hit = project.run()
         assert hit.returncode == 0, hit.stderr
     finally:
-        server.stop(str(project.cache))
+        stop_server(project.cache)
     assert "does not run on this machine" in (project.cache / "launcher.log").read_text()
     assert answered(project.cache)["compiled hit"] == 1

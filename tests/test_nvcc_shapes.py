@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import server
 from kernelcache.nvcc.launcher import launcher_stats, main
 from launcher_env import (
     answered,
@@ -26,6 +25,7 @@ from launcher_env import (
     reasons,
     start_server,
     stats,
+    stop_server,
     without_file_symbol,
 )
 
@@ -73,7 +73,7 @@ def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     tool = Launcher(make_bin(root / "bin"), root / "cache")
     start_server(tool.cache_dir, tool.env)
     yield tool
-    server.stop(str(tool.cache_dir))
+    stop_server(tool.cache_dir)
 
 
 def project(root: Path, kernel: str = KERNEL) -> Path:
@@ -278,7 +278,7 @@ def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path:
         )
         assert tool.outcome(args, root) == "server hit"
     finally:
-        server.stop(str(tool.cache_dir))
+        stop_server(tool.cache_dir)
     counts = answered(tool.cache_dir)
     assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 1, counts
     assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 1, counts

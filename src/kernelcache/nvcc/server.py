@@ -333,11 +333,25 @@ def stop(directory: str, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout
         while not _try_lock(fd):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the server of {directory} (pid {pid}) did not exit")
+                raise TimeoutError(
+                    f"the server of {directory} (pid {pid}) did not exit in {timeout:g} s"
+                    f" (state: {_state(pid)})"
+                )
             time.sleep(0.01)
         return True
     finally:
         os.close(fd)
+
+
+def _state(pid: int) -> str:
+    """The process's scheduler state and wait channel, for a stop that timed out."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0].decode()
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            return f"{state}, waiting in {f.read().decode() or '-'}"
+    except (OSError, IndexError, UnicodeDecodeError):
+        return "gone or unreadable"
 
 
 def _try_lock(fd: int) -> bool:
