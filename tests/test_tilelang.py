@@ -111,6 +111,7 @@ def test_two_processes_started_together_run_nvcc_once(
     assert sorted(r["stats"]["hits"] for r in reports) == [0, 1]
 
 
+@pytest.mark.slow
 def test_a_first_run_decides_the_key_before_code_generation(
     toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -257,6 +258,7 @@ def _manifests(env: dict[str, str], delete: bool = False) -> list[dict[str, Any]
     return found
 
 
+@pytest.mark.slow
 def test_header_manifest_hits_without_the_walk_and_misses_on_what_the_kernel_read(
     toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
 ) -> None:
