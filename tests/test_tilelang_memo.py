@@ -220,6 +220,7 @@ def test_shared_fields_are_hashed_once_per_process(
     hashed: list[str] = []
     real = fingerprint.files
     monkeypatch.setattr(keys, "_warming", [])
+    monkeypatch.setattr(keys, "_prefetched", False)
     monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
     monkeypatch.setattr(
         keys,
@@ -247,6 +248,7 @@ def test_a_warm_memo_starts_no_background_thread(
     it starts a walk per missing tree and the compilers' probes."""
     started: list[object] = []
     monkeypatch.setattr(keys, "_warming", started)
+    monkeypatch.setattr(keys, "_prefetched", False)
     monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
     monkeypatch.setattr(
         keys,
@@ -258,12 +260,26 @@ def test_a_warm_memo_starts_no_background_thread(
     first = keys.kernel_key("u" * 64, "tvm_ffi", "cuda")
     started = []
     monkeypatch.setattr(keys, "_warming", started)
+    monkeypatch.setattr(keys, "_prefetched", False)
     monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
     keys.prefetch()
     assert started == []
     assert keys.kernel_key("u" * 64, "tvm_ffi", "cuda") == first
+    # Decided once per process: the next keys do not read the memo again to decide.
+    asked: list[str] = []
+    real_memoised = keys._memoised  # noqa: SLF001
+
+    def memoised(label: str) -> bool:
+        asked.append(label)
+        return False
+
+    monkeypatch.setattr(keys, "_memoised", memoised)
+    keys.prefetch()
+    assert (started, asked) == ([], [])
+    monkeypatch.setattr(keys, "_memoised", real_memoised)
     (tree / "cuda" / "new.h").write_text("#define B 2\n")  # one tree's memo no longer holds
     monkeypatch.setattr(keys, "_warming", [])
+    monkeypatch.setattr(keys, "_prefetched", False)
     monkeypatch.setattr(keys, "_tree", functools.cache(trees.tree_fingerprint))
     keys.prefetch()
     assert keys.kernel_key("u" * 64, "tvm_ffi", "cuda") != first
@@ -316,6 +332,7 @@ def test_a_failure_in_the_background_is_raised_by_kernel_key(
         raise PermissionError("header tree unreadable")
 
     monkeypatch.setattr(keys, "_warming", [])
+    monkeypatch.setattr(keys, "_prefetched", False)
     monkeypatch.setattr(keys, "headers", unreadable)
     monkeypatch.setattr(keys, "_header_tree", lambda label: unreadable())
     monkeypatch.setattr(keys, "library_stamp", dict)

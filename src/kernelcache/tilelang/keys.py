@@ -112,6 +112,9 @@ def compilers(backend: str) -> dict[str, str | None]:
 # Threads deriving the kernel-independent fields (:func:`prefetch`), joined before use.
 _warming: list[threading.Thread] = []
 _warming_lock = threading.Lock()
+# Whether prefetch() has decided in this process: the header trees are fingerprinted
+# once per process (``_tree``), so asking the memo again at each key only costs reads.
+_prefetched = False
 _WARM_ERRORS = (OSError, RuntimeError, ValueError, AttributeError, ImportError)
 
 
@@ -127,11 +130,13 @@ def prefetch() -> None:
     here: a hit through its header manifest (:mod:`kernelcache.tilelang.manifest`)
     needs no walk. With every tree in the memo, no thread starts at all: the
     rest then costs ~1 ms from its memo, and a thread would only take the GIL
-    from the user's code (a fresh-process hit paid ~3 ms for it). Idempotent.
+    from the user's code (a fresh-process hit paid ~3 ms for it). Decides once per process.
     """
+    global _prefetched
     with _warming_lock:
-        if _warming:
+        if _prefetched:
             return
+        _prefetched = True
         labels = [label for label in HEADER_TREES if not _memoised(label)]
         jobs: list[Callable[[], object]] = [
             functools.partial(_header_tree, label) for label in labels
