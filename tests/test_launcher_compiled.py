@@ -10,6 +10,7 @@ with the address and undefined-behaviour sanitizers, where gcc has them.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ import pytest
 from kernelcache.nvcc import client, native
 from launcher_env import (
     CUBIN,
+    KERNEL,
     FakeServer,
     Project,
     answered,
@@ -149,6 +151,8 @@ def test_the_front_names_this_source_and_both_clients_speak_one_protocol(built: 
     define = re.search(rb'#define KC_PROTOCOL "([^"]*)"', source)
     assert define is not None
     assert define.group(1) == client.PROTOCOL
+    run = json.dumps(client.RUN_MODULE % "kernelcache.nvcc.launcher").encode()
+    assert b"#define RUN_LAUNCHER " + run + b"\n" in source
     out = subprocess.run([str(built), "--protocol"], capture_output=True, check=True).stdout
     assert out == client.PROTOCOL + b"\n"
     assert stat.S_IMODE(built.stat().st_mode) == native.MODE == 0o1700
@@ -349,6 +353,38 @@ def test_the_front_leaves_a_callers_descriptor_9_alone(tmp_path: Path) -> None:
 
 
 # Hits, plain runs and failures, through a real server -------------------------------
+
+
+#: A build directory's own modules named as kernelcache's and the standard library's:
+#: run, each would leave a mark and make the call fail.
+SHADOWS = ("kernelcache.py", "json.py", "logging.py")
+_SHADOW = 'open(__file__ + ".ran", "w").close()\nraise SystemExit(3)\n'
+
+
+@needs_nvcc
+@pytest.mark.parametrize("client", ["python", "compiled"])
+def test_a_build_directorys_own_modules_never_run(tmp_path: Path, built: Path, client: str) -> None:
+    """``python -m`` puts the current directory first on ``sys.path``: a project's own
+    ``kernelcache.py`` ran in place of the launcher, and every nvcc call failed. The
+    launcher (from either client) and the server it starts run without it."""
+    s = Setup(tmp_path, built if client == "compiled" else None)
+    for name in SHADOWS:
+        (s.project / name).write_text(_SHADOW)
+    try:
+        first = s.run()  # no server: the launcher runs, and starts one from this directory
+        assert first.returncode == 0, first.stderr
+        wait_for(lambda: listening(s.cache), 60, "the server started by the launcher")
+        (s.project / "k.cu").write_text(KERNEL.replace("a *", "2.0f * a *"))
+        other = s.run()  # the server's miss: the launcher again, from the client
+        assert other.returncode == 0, other.stderr
+        (s.project / "k.cu").write_text(KERNEL)
+        hit = s.run()
+        assert (hit.returncode, hit.stderr) == (0, first.stderr)
+    finally:
+        stop_server(s.cache)
+    assert not list(s.project.glob("*.ran"))
+    assert stats(s.cache)["server_hits"] == 1
+    assert answered(s.cache)[f"{client} fallback"] >= 1  # the miss the client handed over
 
 
 @needs_nvcc

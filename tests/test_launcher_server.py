@@ -340,6 +340,7 @@ def test_the_starter_and_the_client_name_one_socket() -> None:
     from kernelcache.nvcc import spawn
 
     assert os.fsencode(spawn.SOCKET) == client.SOCKET
+    assert spawn.RUN_MODULE == client.RUN_MODULE  # and client.c's RUN_LAUNCHER (its test)
 
 
 def test_a_malformed_compile_step_is_refused(setup: Project) -> None:

@@ -16,7 +16,8 @@
  *   - anything else (a miss, KERNELCACHE_SERVER=0, KERNELCACHE_READONLY=1, a
  *     directory it is unsure of, a server that hung, died or answered
  *     something unexpected):
- *     execs PYTHON -m kernelcache.nvcc.launcher NVCC ARGS..., which is
+ *     execs PYTHON -c RUN_LAUNCHER NVCC ARGS... (python -m kernelcache.nvcc.launcher
+ *     without the current directory on sys.path), which is
  *     correct without any server.
  * Every length in a reply is checked before it is used.
  * "launcher-client-... --protocol" prints the protocol: the server's self-test;
@@ -47,6 +48,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* client.RUN_MODULE for the launcher: python -m, without the build directory first on
+ * sys.path (a project's own kernelcache.py must not run instead, nor break it). */
+#define RUN_LAUNCHER "import runpy, sys\nif not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\nrunpy.run_module('kernelcache.nvcc.launcher', run_name='__main__', alter_sys=True)"
 /* client.PROTOCOL: a test checks that both say the same. */
 #ifndef KC_PROTOCOL
 #define KC_PROTOCOL "kernelcache-launcher/2"
@@ -641,8 +645,8 @@ int main(int argc, char **argv) {
         execv(python, cmd);
     } else { /* argv[0..2] are free: the interpreter's command line, in place */
         argv[0] = python;
-        argv[1] = "-m";
-        argv[2] = "kernelcache.nvcc.launcher";
+        argv[1] = "-c";
+        argv[2] = RUN_LAUNCHER;
         execv(python, argv);
     }
     die(python);

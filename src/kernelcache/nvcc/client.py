@@ -20,7 +20,7 @@ socket ``launcher.sock`` in the cache directory, and:
 - for an uncacheable call (already counted by the server), run nvcc itself;
 - otherwise (a miss, no server, a server that died mid-request or answered
   something else) run the launcher in-process (:mod:`kernelcache.nvcc.launcher`;
-  from the script, by starting ``python -m kernelcache.nvcc.launcher``), which
+  from the script, by starting the interpreter on :mod:`kernelcache.nvcc.launcher`), which
   is correct without any server. The launcher starts a missing server for the
   next call once the directory passed the trust rule: this module writes
   nothing, and runs nothing from the cache directory (issue 19).
@@ -40,6 +40,15 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the client imports nothing it
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+#: ``python -c`` code that runs a module as ``python -m`` would, without the current
+#: directory first on ``sys.path``: a build directory's own ``kernelcache.py`` (or
+#: ``logging.py``) must never run in place of the launcher or the server, nor break
+#: them. ``-P`` does this from Python 3.11 only. (Also in spawn.py and client.c.)
+RUN_MODULE = (
+    "import runpy, sys\n"
+    "if not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\n"
+    "runpy.run_module('%s', run_name='__main__', alter_sys=True)"
+)
 #: Both ends check it: a server of another version answers "fallback" and exits.
 PROTOCOL = b"kernelcache-launcher/2"
 SOCKET = b"launcher.sock"
@@ -247,7 +256,7 @@ def serve(
 def _script_local(argv: list[str]) -> int:
     # The package is not importable without site: a new interpreter with it.
     python = sys.executable
-    posix.execv(python, [python, "-m", "kernelcache.nvcc.launcher", *argv])
+    posix.execv(python, [python, "-c", RUN_MODULE % "kernelcache.nvcc.launcher", *argv])
     return 127
 
 

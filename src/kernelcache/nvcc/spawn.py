@@ -21,6 +21,13 @@ from kernelcache import _trust
 #: ``client.SOCKET`` (the client imports nothing of the package, and nothing it imports may
 #: import the client: tests/test_launcher_server.py checks that both say the same).
 SOCKET = "launcher.sock"
+#: ``client.RUN_MODULE``: the server runs as ``python -m`` would, without the
+#: starting call's directory (a build's) first on ``sys.path``.
+RUN_MODULE = (
+    "import runpy, sys\n"
+    "if not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\n"
+    "runpy.run_module('%s', run_name='__main__', alter_sys=True)"
+)
 #: Values of ``KERNELCACHE_SERVER`` that turn the server off (``client.is_false``).
 _OFF = ("0", "false", "no", "off")
 #: Made by the process that starts a server, removed by the server once it listens.
@@ -62,8 +69,15 @@ def start(directory: str, environ: Mapping[str, str]) -> bool:
     # sh puts the server in the background and exits at once: the server is
     # then nobody's child (no zombie in a long-lived caller) and holds none of
     # the caller's pipes. It opens its log itself, once it has checked the directory.
-    script = 'exec "$0" -m kernelcache.nvcc.server "$1" </dev/null >/dev/null 2>&1 &'
-    argv = ["/bin/sh", "-c", script, sys.executable, directory]
+    script = 'exec "$0" -c "$2" "$1" </dev/null >/dev/null 2>&1 &'
+    argv = [
+        "/bin/sh",
+        "-c",
+        script,
+        sys.executable,
+        directory,
+        RUN_MODULE % "kernelcache.nvcc.server",
+    ]
     try:
         pid = os.posix_spawn("/bin/sh", argv, env)
         os.waitpid(pid, 0)
