@@ -37,13 +37,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(_HOME["home"], ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``slow`` tests first (a stable sort: the rest keep their order). The two xdist
-    workers are handed tests in this order; a minute-long test handed out last kept
-    one worker busy while the other sat idle at the end of the run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def two_nodes(tmp_path: Path) -> Iterator[Callable[..., netfs.NetFS]]:
     """Mount two "nodes" of a fault-injecting network filesystem (tests/netfs.py).
