@@ -104,9 +104,9 @@ class Launchers:
     def close(self) -> None:
         if "sccache" in self.prefix:
             self.sccache(["--stop-server"])
-        from kernelcache.nvcc import server
+        from kernelcache.nvcc import control
 
-        server.stop(self.env["KERNELCACHE_DIR"])
+        control.stop(self.env["KERNELCACHE_DIR"])
 
     def hits(self, name: str) -> int:
         """How many hits ``name`` has counted so far (to check that a timed run was a hit).
@@ -134,11 +134,11 @@ class Launchers:
 
 def kernelcache_answers(cache_dir: Path) -> dict[str, int]:
     """Stop the server and read what it answered (``"compiled hit"``, ``"python hit"``, ...)."""
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import control
 
     log = cache_dir / "launcher.log"
     start = log.stat().st_size
-    server.stop(str(cache_dir))
+    control.stop(str(cache_dir))
     found: dict[str, int] = {}
     with log.open() as f:
         f.seek(start)
@@ -313,9 +313,9 @@ def cmake_project(root: Path, files: int) -> None:
 
 def server_cpu(cache_dir: str) -> float:
     """CPU seconds the kernelcache server of ``cache_dir`` has used so far (0 if none runs)."""
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import control
 
-    found = server.running(cache_dir)
+    found = control.running(cache_dir)
     if not found or not found[0]:
         return 0.0
     try:

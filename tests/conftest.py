@@ -79,12 +79,12 @@ def _launcher_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     the Python client must not find itself served by the C one half-way):
     tests/test_launcher_compiled.py turns that on where it tests it.
     """
-    from kernelcache.nvcc import native, server
+    from kernelcache.nvcc import control, native
     from launcher_env import stop_server
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KERNELCACHE_SERVER_IDLE", os.environ.get("KERNELCACHE_SERVER_IDLE", "5"))
         mp.setenv(native.ENV, os.environ.get(native.ENV, "0"))
         yield
-    for lock in tmp_path_factory.getbasetemp().rglob(server.LOCK):
+    for lock in tmp_path_factory.getbasetemp().rglob(control.LOCK):
         stop_server(lock.parent)

@@ -145,9 +145,9 @@ STOP_TIMEOUT = 60.0
 
 def stop_server(cache_dir: Path | str) -> bool:
     """Stop ``cache_dir``'s server and wait for it to exit; ``False`` if none ran."""
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import control
 
-    return server.stop(str(cache_dir), STOP_TIMEOUT)
+    return control.stop(str(cache_dir), STOP_TIMEOUT)
 
 
 def listening(cache_dir: Path) -> bool:
@@ -175,9 +175,9 @@ def wait_for(condition: object, timeout: float, what: str) -> None:
 
 def server_pid(cache_dir: Path) -> int | None:
     """The pid of the server holding ``cache_dir``'s lock (0 while it writes it), or ``None``."""
-    from kernelcache.nvcc import server
+    from kernelcache.nvcc import control
 
-    found = server.running(str(cache_dir))
+    found = control.running(str(cache_dir))
     return None if found is None else found[0]
 
 

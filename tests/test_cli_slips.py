@@ -15,7 +15,7 @@ import pytest
 
 from cli_run import SRC, kc, kc_json
 from kernelcache import Cache, Entry, Settings
-from kernelcache.nvcc import server
+from kernelcache.nvcc import control
 from kernelcache.stores.redis import RedisStore
 from launcher_env import clean_env, start_server, stop_server, wait_for
 from redis_server import RedisServer
@@ -179,14 +179,14 @@ def test_server_status_and_stop(tmp_path: Path) -> None:
         report = kc_json("server", "status", env=env)
         assert report["running"] is True
         assert report["idle_timeout"] == 45.0
-        assert report["pid"] == server.running(str(cache_dir))[0]  # type: ignore[index]
+        assert report["pid"] == control.running(str(cache_dir))[0]  # type: ignore[index]
         human = kc("server", "status", env=env)
         assert f"yes, pid {report['pid']}" in human.stdout
         assert "45.0 s" in human.stdout
         out = kc("server", "stop", env=env)
         assert out.returncode == 0
         assert f"stopped the launcher server of {cache_dir} (pid {report['pid']})" in out.stdout
-        wait_for(lambda: server.running(str(cache_dir)) is None, 30, "the server to exit")
+        wait_for(lambda: control.running(str(cache_dir)) is None, 30, "the server to exit")
         again = kc("server", "stop", env=env)
         assert "no launcher server runs" in again.stdout
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelcache.nvcc import client, front, server
+from kernelcache.nvcc import client, control, front
 from launcher_env import (
     CUBIN,
     FakeServer,
@@ -120,7 +120,7 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Project) -> None:
         assert stats(setup.cache)["hits"] == 1
         # A stop that gives up says what the server is doing (here: stopped, "T").
         with pytest.raises(TimeoutError, match=rf"\(pid {pid}\) did not exit in 0.5 s \(state: T"):
-            server.stop(str(setup.cache), 0.5)
+            control.stop(str(setup.cache), 0.5)
     finally:
         os.kill(pid, signal.SIGCONT)
     # The SIGTERM it was sent ends it once it runs again.

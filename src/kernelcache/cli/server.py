@@ -12,31 +12,31 @@ import argparse
 import os
 
 from kernelcache.cli.output import print_json, table
-from kernelcache.nvcc import server
+from kernelcache.nvcc import control
 from kernelcache.nvcc.client import SOCKET
 from kernelcache.settings import Settings
 
 
 def status(directory: str) -> dict[str, object]:
     """What ``kernelcache server status --json`` prints."""
-    found = server.running(directory)
+    found = control.running(directory)
     return {
         "dir": directory,
         "running": found is not None,
         "pid": found[0] if found else None,
         "idle_timeout": found[1] if found else None,
         "socket": os.path.join(directory, os.fsdecode(SOCKET)),
-        "log": os.path.join(directory, server.LOG),
+        "log": os.path.join(directory, control.LOG),
         # What the next server started from this environment would use.
-        "idle_timeout_configured": server.idle_seconds(os.environ),
+        "idle_timeout_configured": control.idle_seconds(os.environ),
     }
 
 
 def cmd_server(args: argparse.Namespace, settings: Settings) -> int:
     directory = settings.dir
     if args.action == "stop":
-        before = server.running(directory)
-        stopped = server.stop(directory)
+        before = control.running(directory)
+        stopped = control.stop(directory)
         if args.json:
             print_json({"dir": directory, "stopped": stopped, "pid": before[0] if before else None})
         elif stopped and before:

@@ -47,6 +47,7 @@ from kernelcache.errors import KernelCacheError
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import PROTOCOL, SOCKET, pack, receive
 from kernelcache.nvcc.compiling import COMPILE
+from kernelcache.nvcc.control import LOCK, LOG, idle_seconds
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
@@ -59,11 +60,6 @@ from kernelcache.tiers import default_tiers
 if TYPE_CHECKING:
     from kernelcache.entry import Entry
 
-DEFAULT_IDLE = 600.0
-#: The server's output, appended (it opens it itself, once the directory is checked).
-LOG = "launcher.log"
-#: Held (flock) by the running server, which writes its pid into it.
-LOCK = "launcher.lock"
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
 MAX_CACHES = 4
 _TICK = 1.0
@@ -73,7 +69,7 @@ _REQUEST_TIMEOUT = 5.0
 #: A request is a command line and an environment: far below this.
 _REQUEST_MAX = 64 << 20
 
-__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "Server", "main", "running", "stop"]
+__all__ = ["Server", "main"]
 
 
 class Server:
@@ -286,83 +282,6 @@ def _send(conn: socket.socket, items: list[bytes]) -> None:
         conn.sendall(pack(items))
 
 
-def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
-    """``KERNELCACHE_SERVER_IDLE`` seconds (default 600); a bad value gives the default."""
-    try:
-        value = float(environ.get("KERNELCACHE_SERVER_IDLE", DEFAULT_IDLE))
-    except ValueError:
-        return DEFAULT_IDLE
-    return value if value > 0 else DEFAULT_IDLE
-
-
-def running(directory: str) -> tuple[int, float | None] | None:
-    """``(pid, idle seconds)`` of the server holding ``directory``, or ``None`` if none runs."""
-    try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if _try_lock(fd):
-            return None
-        fields = os.pread(fd, 64, 0).split()
-    finally:
-        os.close(fd)
-    try:
-        idle = float(fields[1]) if len(fields) > 1 else None  # written since issue 20
-        return int(fields[0]), idle
-    except (IndexError, ValueError):
-        return 0, None  # held, its pid not written yet (the server is starting)
-
-
-def stop(directory: str, timeout: float = 10.0) -> bool:
-    """Stop the server of ``directory`` (SIGTERM) and wait for it; ``False`` if none runs."""
-    try:
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return False  # a link where the lock belongs: no server of ours holds it
-        raise
-    try:
-        if _try_lock(fd):
-            return False
-        pid = int(os.pread(fd, 32, 0).split()[0])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while not _try_lock(fd):
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the server of {directory} (pid {pid}) did not exit in {timeout:g} s"
-                    f" (state: {_state(pid)})"
-                )
-            time.sleep(0.01)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _state(pid: int) -> str:
-    """The process's scheduler state and wait channel, for a stop that timed out."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rpartition(b")")[2].split()[0].decode()
-        with open(f"/proc/{pid}/wchan", "rb") as f:
-            return f"{state}, waiting in {f.read().decode() or '-'}"
-    except (OSError, IndexError, UnicodeDecodeError):
-        return "gone or unreadable"
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return True
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m kernelcache.nvcc.server CACHE_DIR", file=sys.stderr)
@@ -387,7 +306,7 @@ def main(argv: list[str]) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(lock, 0)
         idle = idle_seconds(os.environ)
-        os.write(lock, b"%d %r\n" % (os.getpid(), idle))  # for stop() and running()
+        os.write(lock, b"%d %r\n" % (os.getpid(), idle))  # for control.stop() and running()
     except _trust.UntrustedDirectory as exc:
         print(f"kernelcache server: {exc}", file=sys.stderr)
         return 1
