@@ -10,6 +10,7 @@ as ``Settings`` without importing them.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import py_compile
 import runpy
@@ -178,3 +179,48 @@ def test_front_runs_the_client_bytecode_only_when_it_matches(
         assert module["script_main"]() == "from the bytecode"
     else:
         assert module is None
+
+
+_PROBE = """import json, os, sys
+print(json.dumps({"path": sys.path, "cwd": os.getcwd(), "argv": sys.argv[1:], "name": __name__}))
+"""
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="plain"),
+        pytest.param(["-I"], id="isolated"),
+        pytest.param(
+            ["-P"],
+            id="safe-path",
+            marks=pytest.mark.skipif(sys.version_info < (3, 11), reason="-P is new in 3.11"),
+        ),
+    ],
+)
+def test_run_module_runs_as_dash_m_without_the_current_directory(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    """client.RUN_MODULE: the module runs as ``__main__`` with its arguments; the current
+    directory is never on ``sys.path``, and an interpreter that left it out loses nothing."""
+    mods, cwd = tmp_path / "mods", tmp_path / "build"
+    mods.mkdir()
+    cwd.mkdir()
+    (mods / "probe_mod.py").write_text(_PROBE)
+    env = {**os.environ, "PYTHONPATH": str(mods)}
+    code = client.RUN_MODULE % "probe_mod"
+    if extra == ["-I"]:  # isolated mode ignores PYTHONPATH: the module comes in by the path
+        code = f"import sys; sys.path.insert(1, {str(mods)!r})\n" + code
+    proc = subprocess.run(
+        [sys.executable, *extra, "-c", code, "a", "b"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(proc.stdout)
+    assert (seen["name"], seen["argv"]) == ("__main__", ["a", "b"])
+    assert "" not in seen["path"]
+    assert str(cwd) not in seen["path"]
+    assert str(mods) in seen["path"]  # the module was found: no real entry was dropped

@@ -50,7 +50,7 @@
 
 /* client.RUN_MODULE for the launcher: python -m, without the build directory first on
  * sys.path (a project's own kernelcache.py must not run instead, nor break it). */
-#define RUN_LAUNCHER "import runpy, sys\nif not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\nrunpy.run_module('kernelcache.nvcc.launcher', run_name='__main__', alter_sys=True)"
+#define RUN_LAUNCHER "import runpy, sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nrunpy.run_module('kernelcache.nvcc.launcher', run_name='__main__', alter_sys=True)"
 /* client.PROTOCOL: a test checks that both say the same. */
 #ifndef KC_PROTOCOL
 #define KC_PROTOCOL "kernelcache-launcher/2"

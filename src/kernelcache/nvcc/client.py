@@ -43,10 +43,12 @@ if TYPE_CHECKING:
 #: ``python -c`` code that runs a module as ``python -m`` would, without the current
 #: directory first on ``sys.path``: a build directory's own ``kernelcache.py`` (or
 #: ``logging.py``) must never run in place of the launcher or the server, nor break
-#: them. ``-P`` does this from Python 3.11 only. (Also in spawn.py and client.c.)
+#: them. ``-c`` names that directory ``''``, first, unless ``-P``, ``-I`` or
+#: ``PYTHONSAFEPATH`` left it out; ``-P`` itself exists from Python 3.11 only.
+#: (Also in spawn.py and client.c.)
 RUN_MODULE = (
     "import runpy, sys\n"
-    "if not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
     "runpy.run_module('%s', run_name='__main__', alter_sys=True)"
 )
 #: Both ends check it: a server of another version answers "fallback" and exits.

@@ -25,7 +25,7 @@ SOCKET = "launcher.sock"
 #: starting call's directory (a build's) first on ``sys.path``.
 RUN_MODULE = (
     "import runpy, sys\n"
-    "if not getattr(sys.flags, 'safe_path', 0): del sys.path[0]\n"
+    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
     "runpy.run_module('%s', run_name='__main__', alter_sys=True)"
 )
 #: Values of ``KERNELCACHE_SERVER`` that turn the server off (``client.is_false``).
