@@ -336,13 +336,6 @@ def test_the_server_keys_what_nvcc_profile_reads(setup: Project, variable: str) 
     assert stats(setup.cache)["server_hits"] == 1
 
 
-def test_the_starter_and_the_client_name_one_socket() -> None:
-    from kernelcache.nvcc import spawn
-
-    assert os.fsencode(spawn.SOCKET) == client.SOCKET
-    assert spawn.RUN_MODULE == client.RUN_MODULE  # and client.c's RUN_LAUNCHER (its test)
-
-
 def test_a_malformed_compile_step_is_refused(setup: Project) -> None:
     """Plans and stores (:mod:`kernelcache.nvcc.compiling`) that make no sense are answered so."""
     from kernelcache.nvcc.compiling import COMPILE

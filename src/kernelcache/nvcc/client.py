@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 #: ``logging.py``) must never run in place of the launcher or the server, nor break
 #: them. ``-c`` names that directory ``''``, first, unless ``-P``, ``-I`` or
 #: ``PYTHONSAFEPATH`` left it out; ``-P`` itself exists from Python 3.11 only.
-#: (Also in spawn.py and client.c.)
+#: (client.c carries it for the launcher: RUN_LAUNCHER.)
 RUN_MODULE = (
     "import runpy, sys\n"
     "if sys.path and sys.path[0] == '': del sys.path[0]\n"

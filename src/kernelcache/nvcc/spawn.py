@@ -17,17 +17,8 @@ import time
 from collections.abc import Mapping
 
 from kernelcache import _trust
+from kernelcache.nvcc.client import RUN_MODULE, SOCKET
 
-#: ``client.SOCKET`` (the client imports nothing of the package, and nothing it imports may
-#: import the client: tests/test_launcher_server.py checks that both say the same).
-SOCKET = "launcher.sock"
-#: ``client.RUN_MODULE``: the server runs as ``python -m`` would, without the
-#: starting call's directory (a build's) first on ``sys.path``.
-RUN_MODULE = (
-    "import runpy, sys\n"
-    "if sys.path and sys.path[0] == '': del sys.path[0]\n"
-    "runpy.run_module('%s', run_name='__main__', alter_sys=True)"
-)
 #: Values of ``KERNELCACHE_SERVER`` that turn the server off (``client.is_false``).
 _OFF = ("0", "false", "no", "off")
 #: Made by the process that starts a server, removed by the server once it listens.
@@ -35,7 +26,7 @@ STARTING = "launcher.starting"
 #: A start marker older than this belongs to a start that failed: try again.
 START_GRACE_NS = 10_000_000_000
 
-__all__ = ["SOCKET", "STARTING", "START_GRACE_NS", "start", "wake"]
+__all__ = ["STARTING", "START_GRACE_NS", "start", "wake"]
 
 
 def wake(directory: str, environ: Mapping[str, str]) -> bool:
@@ -69,6 +60,7 @@ def start(directory: str, environ: Mapping[str, str]) -> bool:
     # sh puts the server in the background and exits at once: the server is
     # then nobody's child (no zombie in a long-lived caller) and holds none of
     # the caller's pipes. It opens its log itself, once it has checked the directory.
+    # RUN_MODULE: as ``python -m`` would, without the caller's (a build's) directory on sys.path.
     script = 'exec "$0" -c "$2" "$1" </dev/null >/dev/null 2>&1 &'
     argv = [
         "/bin/sh",
@@ -91,7 +83,7 @@ def _listening(dir_fd: int) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         try:
-            sock.connect(f"/proc/self/fd/{dir_fd}/{SOCKET}")
+            sock.connect(f"/proc/self/fd/{dir_fd}/{os.fsdecode(SOCKET)}")
         except OSError:
             return False
     return True
