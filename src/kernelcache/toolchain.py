@@ -78,7 +78,7 @@ def _save_memo(memo: dict[str, Any]) -> None:
 
 def file_digest(path: str) -> str:
     """SHA-256 of a file's content, memoised on disk by real path and stat signature."""
-    real = os.path.realpath(path)
+    real = _fs.realpath(path)
     st = os.stat(real)
     memo = _load_memo()
     known = memo["files"].get(real)
@@ -139,7 +139,7 @@ def executable(path: str) -> str:
     files a wrapper script names), so a hit costs a few ``stat`` calls.
     """
     try:
-        real = os.path.realpath(path)
+        real = _fs.realpath(path)
         return _executable(real, script_targets(real))
     except _PROBE_ERRORS as exc:
         return failed(exc)
@@ -167,8 +167,8 @@ def nvcc(path: str | None = None) -> str:
     if resolved is None:
         return failed(FileNotFoundError())
     try:
-        # Resolved once for both: a key is derived per lookup, each realpath a walk of lstats.
-        real = os.path.realpath(resolved)
+        # Resolved once for both: a key is derived per lookup.
+        real = _fs.realpath(resolved)
         targets = script_targets(real)
         identity = _executable(real, targets)
     except _PROBE_ERRORS as exc:
@@ -192,7 +192,7 @@ def nvcc_profiles(path: str, targets: list[str]) -> list[str]:
     binaries = [path] + [t for t in targets if os.path.basename(t) == "nvcc"]
     out: list[str] = []
     for binary in binaries:
-        for where in (os.path.abspath(binary), os.path.realpath(binary)):
+        for where in (os.path.abspath(binary), _fs.realpath(binary)):
             profile = os.path.join(os.path.dirname(where), "nvcc.profile")
             if profile not in out:
                 out.append(profile)

@@ -133,7 +133,7 @@ def _physical(path: str) -> str:
     if ".." not in path.split(os.sep):
         return os.path.normpath(path)
     head, name = os.path.split(path)
-    return os.path.join(os.path.realpath(head or os.curdir), name)
+    return os.path.join(_fs.realpath(head or os.curdir), name)
 
 
 def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:

@@ -123,10 +123,10 @@ class Identities:
 
 def _identity_files(kind: str, path: str) -> list[str]:
     """The files ``toolchain.nvcc``/``toolchain.executable`` derive an identity from."""
-    from kernelcache import toolchain
+    from kernelcache import _fs, toolchain
 
     try:
-        targets = toolchain.script_targets(os.path.realpath(path))
+        targets = toolchain.script_targets(_fs.realpath(path))
     except OSError:
         targets = []
     files = [path, *targets]
@@ -262,10 +262,10 @@ def profile_variables(nvcc: str) -> tuple[str, ...]:
 
 
 def _targets(path: str) -> list[str]:
-    from kernelcache import toolchain
+    from kernelcache import _fs, toolchain
 
     try:
-        return toolchain.script_targets(os.path.realpath(path))
+        return toolchain.script_targets(_fs.realpath(path))
     except OSError:
         return []
 

@@ -220,9 +220,9 @@ def _below(base: str, spelled: str) -> str:
     """
     if ".." not in spelled.replace(os.sep, "/").split("/"):
         return os.path.normpath(spelled)
-    real_base = os.path.realpath(base or os.curdir)
+    real_base = _fs.realpath(base or os.curdir)
     head, name = os.path.split(os.path.join(base, spelled) if base else spelled)
-    real = os.path.join(os.path.realpath(head or os.curdir), name)
+    real = os.path.join(_fs.realpath(head or os.curdir), name)
     if real.startswith(real_base + os.sep):
         return os.path.relpath(real, real_base)
     return real

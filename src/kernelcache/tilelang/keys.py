@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kernelcache import _memos, buildid, toolchain
+from kernelcache import _fs, _memos, buildid, toolchain
 from kernelcache.keys import KeyBuilder
 from kernelcache.tilelang import trees
 
@@ -240,7 +240,7 @@ def header_folders() -> dict[str, str | None]:
 
 def _resolve(folder: str | None) -> str | None:
     """The real path of a header tree's folder; ``None`` when there is no such folder."""
-    return os.path.realpath(folder) if folder and os.path.isdir(folder) else None
+    return _fs.realpath(folder) if folder and os.path.isdir(folder) else None
 
 
 # Per process, as the trees' fingerprints are (``_tree``): a hit costs no lstat walk.

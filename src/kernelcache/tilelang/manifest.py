@@ -53,6 +53,7 @@ import os
 import re
 from typing import Any
 
+from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
@@ -125,12 +126,12 @@ class _Resolver:
     def __call__(self, path: str) -> str:
         folder, name = os.path.split(path)
         if name in ("", ".", "..") or not folder:
-            return os.path.realpath(path)
+            return _fs.realpath(path)
         real_folder = self.folders.get(folder)
         if real_folder is None:
-            real_folder = self.folders[folder] = os.path.realpath(folder)
+            real_folder = self.folders[folder] = _fs.realpath(folder)
         candidate = os.path.join(real_folder, name)
-        return os.path.realpath(candidate) if os.path.islink(candidate) else candidate
+        return _fs.realpath(candidate) if os.path.islink(candidate) else candidate
 
 
 # --- lookup ------------------------------------------------------------------
