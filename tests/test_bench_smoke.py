@@ -136,8 +136,8 @@ def test_bench_dsl_states_each_issue_23_target_with_a_verdict() -> None:
     cold = [
         {**base, "cache": "upstream", "cold_s": 1.0, "cold_cpu_s": 1.0, "warm_s": 0.010,
          "warm_cpu_s": 0.010, "used_s": 1.0, "used_cpu_s": 1.0},
-        {**base, "cache": "kernelcache", "cold_s": 1.04, "cold_cpu_s": 1.1, "warm_s": 0.012,
-         "warm_cpu_s": 0.02, "used_s": 1.2, "used_cpu_s": 1.0},
+        {**base, "cache": "kernelcache", "cold_s": 1.04, "cold_cpu_s": 1.1, "warm_s": 0.009,
+         "warm_cpu_s": 0.02, "used_s": 1.2, "used_cpu_s": 1.0, "warm_import_s": 0.002},
     ]  # fmt: skip
     many = [
         {**base, "cache": "upstream", "procs": 2, "nvcc": 2, "wall_s": 2.0},
@@ -147,7 +147,10 @@ def test_bench_dsl_states_each_issue_23_target_with_a_verdict() -> None:
     assert {k: v["verdict"] for k, v in verdicts.items()} == {
         "cold, first run": "PASS",
         "cold, cache in use": "MISS",
-        "hit, fresh process": "MISS",
+        "hit, fresh process": "PASS",
+        "hit, fresh process, kernelcache's import included": "MISS",
         "2 processes at once, wall (1 nvcc vs 2)": "PASS",
     }
+    with_import = verdicts["hit, fresh process, kernelcache's import included"]
+    assert with_import["kernelcache"] == pytest.approx(0.011)  # the hit plus the import
     assert verdicts["cold, first run"]["cpu ratio"] == "1.10"
