@@ -29,6 +29,7 @@ from cuda_standin import Toolkit, make_toolkit  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
 from kernelcache.ninetoothed import outputs  # noqa: E402
 from kernelcache.ninetoothed.handles import TensorsKey  # noqa: E402
+from kernelcache.nvcc.key import ENV_VARS  # noqa: E402
 from kernelcache.stores.memory import MemoryStore  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -164,6 +165,21 @@ def test_generated_source_changes_with_the_application() -> None:
 
     assert source(nk.application, 100) == source(nk.application, 500)
     assert source(nk.application, 100) != source(nk.application_minus, 100)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("NVCC_APPEND_FLAGS", "-G"), ("NVCC_PREPEND_FLAGS", "--use_fast_math"), ("CPATH", "/opt/x")],
+)
+def test_the_environment_nvcc_reads_is_keyed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str, value: str
+) -> None:
+    """The AOT outputs' key changes with what nvcc reads besides its command line."""
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    plain = outputs.output_key("aot", tmp_path, kernel_name="add")
+    monkeypatch.setenv(name, value)
+    assert outputs.output_key("aot", tmp_path, kernel_name="add") != plain
 
 
 # In process: the auto-tuner ---------------------------------------------------

@@ -226,6 +226,17 @@ def test_template_headers_key_by_content_not_path(
     assert len(toolkit.compiles()) == 2
 
 
+def test_what_nvcc_reads_from_the_environment_is_keyed(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    """NVCC_APPEND_FLAGS reaches TileLang's nvcc run without changing its command line:
+    a kernel compiled without it is not served to a process that sets it."""
+    run(dsl_env, "add", "tvm_ffi")
+    flagged = run({**dsl_env, "NVCC_APPEND_FLAGS": "-DKERNELCACHE_PROBE=1"}, "add", "tvm_ffi")
+    assert flagged["stats"] == {**flagged["stats"], "hits": 0, "misses": 1, "compiles": 1}
+    assert len(toolkit.compiles()) == 2
+
+
 def test_disable_cache_env_still_compiles_without_any_cache(
     toolkit: Toolkit, dsl_env: dict[str, str]
 ) -> None:

@@ -12,6 +12,7 @@ tilelang = pytest.importorskip("tilelang")
 
 import kernelcache.tilelang as kct  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
+from kernelcache.nvcc import key as nvcc_key  # noqa: E402
 from kernelcache.stores.disk import DiskStore  # noqa: E402
 from kernelcache.tilelang import keys  # noqa: E402
 from kernelcache.tilelang.autotune import TunerHooks  # noqa: E402
@@ -24,6 +25,7 @@ BASE: dict[str, Any] = {
     "libraries": {"libtilelang.so": "1"},
     "headers": {"templates": "t", "cutlass": "c"},
     "compilers": {"nvcc": "nvcc 13.0", "host": "g++ 12", "nvrtc": None},
+    "environment": {},
 }
 
 
@@ -33,6 +35,10 @@ def _key(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> str:
     monkeypatch.setattr(keys, "library_stamp", lambda: fields["libraries"])
     monkeypatch.setattr(keys, "headers", lambda: fields["headers"])
     monkeypatch.setattr(keys, "compilers", lambda backend: fields["compilers"])
+    for name in nvcc_key.ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in fields["environment"].items():
+        monkeypatch.setenv(name, value)
     return keys.kernel_key(fields["upstream"], fields["backend"], fields["target"])
 
 
@@ -49,6 +55,11 @@ def _key(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> str:
         pytest.param({"compilers": {**BASE["compilers"], "nvcc": "nvcc 13.1"}}, id="nvcc"),
         pytest.param({"compilers": {**BASE["compilers"], "host": "g++ 13"}}, id="host-compiler"),
         pytest.param({"compilers": {**BASE["compilers"], "nvrtc": "nvrtc 13.0"}}, id="nvrtc"),
+        # What nvcc and the gcc it runs read besides the command line.
+        pytest.param({"environment": {"NVCC_APPEND_FLAGS": "-G"}}, id="NVCC_APPEND_FLAGS"),
+        pytest.param({"environment": {"NVCC_PREPEND_FLAGS": "-lineinfo"}}, id="NVCC_PREPEND"),
+        pytest.param({"environment": {"CPATH": "/opt/include"}}, id="CPATH"),
+        pytest.param({"environment": {"CPLUS_INCLUDE_PATH": "/opt/include"}}, id="CPLUS_PATH"),
     ],
 )
 def test_each_field_changes_the_key(

@@ -8,7 +8,8 @@ the configs but not the arrangement or application it calls, so editing
 them keeps serving the old library. Here the key is the *generated* Triton
 source of every config (so any edit that changes the kernel changes the
 key), the kernel names, configs, caller, warps and stages, Triton's version
-and target, nvcc's and the host compiler's identity, ninetoothed's own code,
+and target, nvcc's and the host compiler's identity, the environment nvcc
+reads (:func:`kernelcache.nvcc.key.environment`), ninetoothed's own code,
 and the absolute paths compiled into the outputs (``output_dir``, which a
 build's CSV fallback names, and the shared header). The files of one call
 are ONE entry, compiled once across processes (single-flight) and written
@@ -30,6 +31,7 @@ from kernelcache import _fs, fingerprint, toolchain
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.keys import KeyBuilder
+from kernelcache.nvcc import key as nvcc_key
 
 NAMESPACE = "kernelcache.ninetoothed.outputs"
 SCHEMA = 1
@@ -83,6 +85,7 @@ def toolchain_fields() -> dict[str, Any]:
         "nvcc": toolchain.nvcc(),
         "host": toolchain.executable(host) if host else "probe_failed:FileNotFoundError",
         "header": [str(getattr(aot, HEADER_PATH)), getattr(aot, HEADER_CONTENT)],
+        "environment": nvcc_key.environment(os.environ),  # what the nvcc run reads besides argv
     }
 
 

@@ -45,6 +45,16 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
+def environment(env: Mapping[str, str]) -> dict[str, str | None]:
+    """What a key holds of the environment nvcc runs in: :data:`ENV_VARS` (``None``: unset).
+
+    Every integration that runs nvcc keys it so (the launcher, TileLang's and
+    ninetoothed's compiles): ``NVCC_APPEND_FLAGS=-G`` or a ``CPATH`` header
+    changes the binary while the command line stays the same.
+    """
+    return {name: env.get(name) for name in ENV_VARS}
+
+
 def flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     """A boolean launcher variable (``KERNELCACHE_HASH_DIR=0``); a bad value raises ``ValueError``."""
     text = env.get(name)
@@ -171,7 +181,7 @@ def command_key(
     builder.add("nvcc", nvcc_id)  # with the names its nvcc.profile reads (issue 19)
     builder.add("host", host_id)
     builder.add("args", inv.keyed)
-    builder.add("env", {name: env.get(name) for name in ENV_VARS})
+    builder.add("env", environment(env))
     reads = nvcc_id.rpartition(_PROFILE_READS)[2].split(",") if _PROFILE_READS in nvcc_id else []
     builder.add("profile_env", {name: env.get(name) for name in reads if name})
     builder.add("cwd", os.getcwd() if names_directory(inv, env) else None)

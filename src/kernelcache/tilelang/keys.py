@@ -11,7 +11,9 @@ virtualenv. Here the upstream key is one field (it covers the call's
 arguments, which the cache hook never sees), and next to it: the backend and
 target kind, TileLang's version, the content of its native libraries and of
 the header trees nvcc is pointed at, nvcc's and the host compiler's identity,
-and NVRTC's for the nvrtc backend. No field holds an absolute path.
+NVRTC's for the nvrtc backend, and the environment variables nvcc and its host
+compiler read (``NVCC_APPEND_FLAGS``, ``CPATH``, ...). No field holds an
+absolute path (but a variable's value may).
 
 A fresh process finds a tvm_ffi kernel's key without walking the header
 trees, through the header manifest stored under :func:`pre_key`
@@ -31,6 +33,7 @@ from typing import Any
 
 from kernelcache import _fs, _memos, buildid, toolchain
 from kernelcache.keys import KeyBuilder
+from kernelcache.nvcc import key as nvcc_key
 from kernelcache.tilelang import trees
 
 NAMESPACE = "kernelcache.tilelang"
@@ -185,15 +188,19 @@ def _settle() -> None:
 
 def shared_fields(backend: str) -> dict[str, Any]:
     """The fields of every key of ``backend`` but the kernel's and the header trees':
-    TileLang's version and libraries, the compilers, the machine. One call serves
-    both keys of a lookup (:func:`pre_key`, :func:`kernel_key`)."""
+    TileLang's version and libraries, the compilers, the environment nvcc reads
+    (:func:`kernelcache.nvcc.key.environment`), the machine. One call serves both
+    keys of a lookup (:func:`pre_key`, :func:`kernel_key`)."""
     import tilelang
+    from tilelang.contrib.nvcc import get_nvcc_subprocess_env
 
     _settle()
     return {
         "tilelang": tilelang.__version__,
         "libraries": library_stamp(),
         "compilers": compilers(backend),
+        # Read at each lookup: a process may set NVCC_APPEND_FLAGS between two compiles.
+        "environment": nvcc_key.environment(get_nvcc_subprocess_env() or os.environ),
         "machine": platform.machine(),
     }
 
@@ -218,6 +225,7 @@ def _build(
         .add("libraries", shared["libraries"])
         .add("headers", trees)
         .add("compilers", shared["compilers"])
+        .add("environment", shared["environment"])
         .add("machine", shared["machine"])
         .hexdigest()
     )
