@@ -285,6 +285,9 @@ def test_header_manifest_hits_without_the_walk_and_misses_on_what_the_kernel_rea
 
     run(env, "add", "tvm_ffi")
     [variant] = _manifests(env)  # recorded before the compiling process exited
+    # Written by the compile's own device preprocessor run: nvcc ran once, no --dryrun.
+    assert [r for r in toolkit.runs() if r.strip() != "--version"] == toolkit.compiles()
+    assert len(toolkit.compiles()) == 1
     read = {os.path.normpath(row[0]) for row in variant["deps"]}
     common = templates / "tl_templates" / "cuda" / "common.h"
     numeric = cutlass / "cutlass" / "numeric_types.h"

@@ -7,7 +7,9 @@ The fresh-process behaviour with real compiles is in ``test_tilelang.py``
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.integration import Counters
 from kernelcache.nvcc import deps
-from kernelcache.tilelang import keys, manifest, recording
+from kernelcache.tilelang import depfile, keys, manifest, recording
 from kernelcache.tilelang.kernels import COUNTERS
 from tilelang_tree import header_tree
 
@@ -186,3 +188,135 @@ def test_recorded_from_nvccs_device_preprocessor(tree: Path) -> None:
     }
     (tree / "device_only.h").write_text("#define D 2\n")
     assert _find(cache) == (None, 0)
+
+
+DEVICE_ONLY_CODE = (
+    '#include "top.h"\n#ifdef __CUDA_ARCH__\n#include "device_only.h"\n#else\n#include "host_only.h"\n'
+    "#endif\n__global__ void k(float* x) { x[0] = A; }\n"
+)
+
+
+def _compile_capturing(
+    tree: Path, monkeypatch: pytest.MonkeyPatch, compile_cuda: Any
+) -> tuple[Entry, dict[str, Any], int, list[Any]]:
+    """Compile DEVICE_ONLY_CODE through the wrapped ``compile_cuda``, as a miss does;
+    the entry, its recorded call, the walk's start, and the discover() calls made."""
+    for name in ("device_only.h", "host_only.h"):
+        (tree / name).write_text("#define D 1\n")
+    discovered: list[Any] = []
+    real_discover = recording.discover
+
+    def discover(*args: Any) -> Any:
+        discovered.append(args)
+        return real_discover(*args)
+
+    monkeypatch.setattr(recording, "discover", discover)
+    time.sleep(0.05)  # older than the race margin of deps.record
+    started = time.time_ns()
+    wrapped = recording.wrap_compile(compile_cuda)
+    with recording.capturing(started=started) as calls:
+        wrapped(DEVICE_ONLY_CODE, "cubin", ["-arch=sm_90"], ["-std=c++20", f"-I{tree}"])
+    [call] = recording.meta(calls).values()
+    entry = Entry(
+        {"k.cu": DEVICE_ONLY_CODE.encode()},
+        meta={manifest.CALL_META: call, "device_source": "k.cu"},
+    )
+    return entry, call, started, discovered
+
+
+def _recorded(cache: Cache) -> set[str]:
+    [variant] = json.loads(cache.get(PRE)[deps.MANIFEST])  # type: ignore[index]
+    return {row[0] for row in variant["deps"]}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_compile_itself_writes_what_it_read(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23: a miss records its manifest from the compile's own device preprocessor
+    run (GCC's -MD through -Xcompiler), with no second preprocessor run; what it lists is
+    what discover()'s -M run lists, device-only headers in, host-only ones out."""
+    import tilelang.contrib.nvcc as tl_nvcc
+
+    entry, call, started, discovered = _compile_capturing(tree, monkeypatch, tl_nvcc.compile_cuda)
+    cache = Cache()
+    assert recording.record(cache, PRE, RESULT, entry, call, started)
+    assert discovered == []  # no preprocessor run but the compile's own
+    expected = {str(tree / name) for name in ("top.h", "cuda/common.h", "device_only.h")}
+    assert _recorded(cache) == expected
+    by_m = manifest.tree_files(recording.discover(DEVICE_ONLY_CODE, call) or [], [str(tree)])
+    assert set(by_m or []) == expected  # the -M run agrees
+    assert os.listdir(depfile.folder()) == []  # read, then removed
+    (tree / "device_only.h").write_text("#define D 2\n")
+    assert _find(cache) == (None, 0)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_flags_leave_nvccs_output_unchanged(tree: Path, tmp_path: Path) -> None:
+    """TileLang's nvcc command line (tilelang/contrib/nvcc.py, 0.1.15), run in one
+    folder with and without the dependency flags: the same cubin, byte for byte."""
+    from tilelang.contrib.cc import get_cplus_compiler
+
+    (tree / "device_only.h").write_text("#define D 1\n")
+    (tree / "host_only.h").write_text("#define H 1\n")
+    (tmp_path / "tvm_kernels.cu").write_text(DEVICE_ONLY_CODE)
+    host = get_cplus_compiler()
+    options = ["-std=c++20", f"-I{tree}"]
+    written = depfile.flags("cubin", options, host, {})
+    assert written is not None
+    outputs = []
+    for extra in ([], written[0]):
+        argv = ["nvcc", f"-ccbin={host}", "--cubin", "-O3", "-lineinfo", "-arch=sm_90"]
+        argv += [*options, *extra, "-o", "out.cubin", "tvm_kernels.cu"]
+        subprocess.run(argv, cwd=tmp_path, check=True, capture_output=True)
+        outputs.append((tmp_path / "out.cubin").read_bytes())
+    assert outputs[0] == outputs[1]
+    assert str(tree / "device_only.h") in (depfile.read(written[1]) or [])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_without_the_compiles_file_the_preprocessor_runs_again(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile that was to write its dependency file and did not (a host compiler
+    that ignored the flags): the manifest comes from discover(), as before."""
+    import tilelang.contrib.nvcc as tl_nvcc
+
+    def drops_the_flags(code: str, fmt: str, arch: Any, options: Any, *rest: Any) -> Any:
+        kept = [o for o in options if not o.startswith("-MD,") and o != "-Xcompiler"]
+        return tl_nvcc.compile_cuda(code, fmt, arch, kept, *rest)
+
+    entry, call, started, discovered = _compile_capturing(tree, monkeypatch, drops_the_flags)
+    cache = Cache()
+    assert recording.record(cache, PRE, RESULT, entry, call, started)
+    assert len(discovered) == 1
+    assert _recorded(cache) == {
+        str(tree / name) for name in ("top.h", "cuda/common.h", "device_only.h")
+    }
+
+
+@pytest.mark.parametrize(
+    ("fmt", "options", "host", "env", "asked"),
+    [
+        ("cubin", ["-std=c++20"], "/usr/bin/g++", {}, True),
+        ("ptx", [], "x86_64-linux-gnu-g++-12", {}, True),
+        ("cubin", [], "/opt/llvm/bin/clang++-17", {"NVCC_APPEND_FLAGS": "-lineinfo"}, True),
+        ("fatbin", [], "g++", {}, False),  # a preprocessor run per architecture, one file
+        ("cubin", ["-MD"], "g++", {}, False),  # the call asks for dependencies itself
+        ("cubin", ["--generate-dependencies-with-compile"], "g++", {}, False),
+        ("cubin", ["-Xcompiler=-MMD"], "g++", {}, False),
+        ("cubin", [], "g++", {"NVCC_APPEND_FLAGS": "-MD"}, False),  # nvcc's own pass: a 2nd writer
+        ("cubin", ["-gencode=arch=compute_80,code=sm_80"], "g++", {}, False),  # a 2nd device run
+        ("cubin", [], "g++", {"NVCC_PREPEND_FLAGS": "-arch=sm_80"}, False),
+        ("cubin", [], "icpx", {}, False),  # a host compiler not known to take -MD -MF
+        ("cubin", [], None, {}, False),
+    ],
+)
+def test_where_the_compile_is_asked_to_write_what_it_read(
+    fmt: str, options: list[str], host: str | None, env: dict[str, str], asked: bool
+) -> None:
+    written = depfile.flags(fmt, options, host, env)
+    assert (written is not None) == asked
+    if written is not None:
+        assert written[0] == ["-Xcompiler", f"-MD,-MF,{written[1]}"]
+        assert os.path.dirname(written[1]) == depfile.folder()

@@ -2,9 +2,11 @@
 
 TileLang's ``compile_cuda`` is wrapped (:func:`wrap_compile`): while a
 compile is :func:`capturing`, its nvcc call is noted (flags, architecture,
-the code's digest: the entry's meta, :func:`meta`), and nvcc's device
-preprocessor runs for it start beside nvcc (:func:`discover`: ``--dryrun``,
-then each run with ``-M``), on the core a one-compile process leaves idle.
+the code's digest: the entry's meta, :func:`meta`), and what it reads is
+found: written by its own device preprocessor run where that can be asked
+for (:mod:`kernelcache.tilelang.depfile`), else by nvcc's device preprocessor
+runs again, started beside nvcc (:func:`discover`: ``--dryrun``, then each
+run with ``-M``) on the core a one-compile process leaves idle.
 After the kernel is handed back, :func:`record_later` writes the variant in
 a non-daemon thread: the files under the trees the compile read, with their
 digests and stat signatures, every directory of the trees (:func:`watch`),
@@ -30,7 +32,7 @@ from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.keys import sha256
 from kernelcache.nvcc import deps
-from kernelcache.tilelang import keys
+from kernelcache.tilelang import depfile, keys
 from kernelcache.tilelang.manifest import (
     _TREE_TOKEN,
     CALL_META,
@@ -65,26 +67,36 @@ def wrap_compile(original: Callable[..., Any]) -> Callable[..., Any]:
             calls.append(call)
             started = getattr(_capture, "started", None)
             if call is not None and started is not None:
-                _discover_early(code, call, started)
+                from tilelang.contrib.cc import get_cplus_compiler
+                from tilelang.contrib.nvcc import get_nvcc_subprocess_env
+
+                given, env = _as_list(options), get_nvcc_subprocess_env() or os.environ
+                written = depfile.flags(target_format, given, get_cplus_compiler(), env)
+                if written is not None:
+                    options = [*given, *written[0]]
+                _discover_early(code, call, started, written[1] if written else None)
         return original(code, target_format, arch, options, path_target, verbose)
 
     return compile_cuda
 
 
-#: Discoveries started beside nvcc (:func:`_discover_early`), by the code's digest:
-#: the thread and, once it ran, ``[(files read or None, the trees' directories or None)]``.
+#: Discoveries started beside nvcc (:func:`_discover_early`), by the code's digest: the
+#: thread, once it ran ``[(files read or None, the trees' directories or None)]``, and the
+#: dependency file the compile writes (``None``: :func:`discover` runs instead).
 _Found = tuple[list[str] | None, list[list[Any]] | None]
-_EARLY: dict[str, tuple[threading.Thread, list[_Found]]] = {}
+_EARLY: dict[str, tuple[threading.Thread, list[_Found], str | None]] = {}
 _EARLY_LOCK = threading.Lock()
 
 
-def _discover_early(code: str, call: dict[str, Any], started_ns: int) -> None:
-    """Start :func:`discover` for a compile about to run, beside nvcc, then :func:`watch`.
+def _discover_early(code: str, call: dict[str, Any], started_ns: int, written: str | None) -> None:
+    """Find what a compile about to run reads, beside nvcc, then :func:`watch`.
 
-    The preprocessor runs take ~0.25 s of CPU; run while nvcc compiles, they use
-    a core a one-compile process leaves idle (and a process waiting for this
-    compile elsewhere leaves idle), instead of keeping the process alive after
-    its kernel was handed back. The trees' directories are listed there too
+    With ``written``, the compile's own preprocessor run writes the files it read
+    there (:mod:`kernelcache.tilelang.depfile`), read once the kernel is handed back.
+    Else :func:`discover` runs the preprocessor again: ~0.2 s of CPU, on a core
+    a one-compile process leaves idle (and a process waiting for this compile
+    elsewhere leaves idle), instead of keeping the process alive after its
+    kernel was handed back. The trees' directories are listed here too
     (~10 ms): a directory changed since the walk started (``started_ns``) is
     refused as it would be later, and one changed after the listing shows at
     the lookup, by its stat. :func:`record` takes the answers.
@@ -93,28 +105,39 @@ def _discover_early(code: str, call: dict[str, Any], started_ns: int) -> None:
 
     def run() -> None:
         try:
-            read = discover(code, call)
+            read = None if written else discover(code, call)
             roots = _roots()
-            holder.append((read, watch(roots, started_ns) if read is not None and roots else None))
+            listed = (read is not None or written) and roots
+            holder.append((read, watch(roots, started_ns) if listed else None))
         except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
             logger.info("kernelcache: no TileLang header manifest (%s)", exc)
             holder.append((None, None))
 
     thread = threading.Thread(target=run, name="kernelcache-tilelang-deps", daemon=True)
     with _EARLY_LOCK:
-        _EARLY[call["code"]] = (thread, holder)
+        _EARLY[call["code"]] = (thread, holder, written)
     thread.start()
 
 
 def _early_result(code_digest: object) -> _Found | None:
-    """``(files read, directories)`` from a discovery started beside nvcc, if one was."""
+    """``(files read, directories)`` from a discovery started beside nvcc, if one was;
+    ``None`` also when the compile was to write its dependency file and did not."""
     with _EARLY_LOCK:
         found = _EARLY.pop(code_digest, None) if isinstance(code_digest, str) else None
     if found is None:
         return None
-    thread, holder = found
+    thread, holder, written = found
     thread.join()
-    return holder[0] if holder else (None, None)
+    read, dirs = holder[0] if holder else (None, None)
+    if written is None:
+        return read, dirs
+    read = depfile.read(written)
+    return None if read is None else (read, dirs)
+
+
+def _as_list(options: Any) -> list[str]:
+    """TileLang's ``options``: a string, a list or ``None``."""
+    return [options] if isinstance(options, str) else list(options or [])
 
 
 def describe_call(code: str, target_format: str, arch: Any, options: Any) -> dict[str, Any] | None:
