@@ -143,13 +143,19 @@ def test_bench_dsl_states_each_issue_23_target_with_a_verdict() -> None:
         {**base, "cache": "upstream", "procs": 2, "nvcc": 2, "wall_s": 2.0},
         {**base, "cache": "kernelcache", "procs": 2, "nvcc": 1, "wall_s": 1.5},
     ]
-    verdicts = {row["target"].split(": ", 1)[1]: row for row in bench_dsl.targets(cold, many)}
+    sweeps = [
+        {**base, "cache": "upstream", "procs": 2, "kernels": 3, "wall_s": 10.0},
+        {**base, "cache": "kernelcache", "procs": 2, "kernels": 3, "wall_s": 10.6},
+    ]
+    rows = bench_dsl.targets(cold, many, sweeps)
+    verdicts = {row["target"].split(": ", 1)[1]: row for row in rows}
     assert {k: v["verdict"] for k, v in verdicts.items()} == {
         "cold, first run": "PASS",
         "cold, cache in use": "MISS",
         "hit, fresh process": "PASS",
         "hit, fresh process, kernelcache's import included": "MISS",
         "2 processes at once, wall (1 nvcc vs 2)": "PASS",
+        "sweep, 2 processes x 3 new kernels, wall": "MISS",  # 1.06x
     }
     with_import = verdicts["hit, fresh process, kernelcache's import included"]
     assert with_import["kernelcache"] == pytest.approx(0.011)  # the hit plus the import

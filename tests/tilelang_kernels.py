@@ -7,7 +7,8 @@ object's class and its adapter's, and the seconds the compile took. Options:
 ``--wait-for PATH`` (after imports, create ``PATH.ready.<pid>`` and wait for
 PATH: lets a test start several compiles at the same moment), and
 ``--variant`` (another kernel of the same kind: the add's block size, the
-GEMM's k tile), ``--evict-after-get`` (remove the entry and its files from the cache between
+GEMM's k tile), ``--sweep FIRST:COUNT`` (COUNT add kernels one after another, each with a block
+size and element type of its own: an autotuning sweep's new kernels), ``--evict-after-get`` (remove the entry and its files from the cache between
 kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
 (take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
 being derived), ``--record-fresh`` (a hit by the walk records the header manifest even for an
@@ -75,7 +76,21 @@ KERNELS: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
 }
 
 
-def compile_kernel(name: str, backend: str, **params: int) -> Any:
+_SWEEP_DTYPES = ("float32", "int32", "float16")
+
+
+def _sweep_config(name: str, index: int) -> dict[str, Any]:
+    """The add kernel of an autotuning-like sweep: a block size and element type of its
+    own, so its device code differs (a size that only changes the grid gives the same code)."""
+    if name != "add" or not 0 <= index < 32 * len(_SWEEP_DTYPES):
+        raise SystemExit(
+            f"--sweep: add kernels 0..{32 * len(_SWEEP_DTYPES) - 1}, not {name} {index}"
+        )
+    block = 32 * (1 + index % 32)
+    return {"block": block, "n": 8 * block, "dtype": _SWEEP_DTYPES[index // 32]}
+
+
+def compile_kernel(name: str, backend: str, **params: Any) -> Any:
     make, target = KERNELS[name]
     return tilelang.compile(make(**params), out_idx=[2], target=target, execution_backend=backend)
 
@@ -125,8 +140,13 @@ def main(argv: list[str]) -> None:
     if "--wait-for" in argv:
         children.wait_for(argv[argv.index("--wait-for") + 1])
     params = VARIANTS[name] if "--variant" in argv else {}
+    configs = [params]
+    if "--sweep" in argv:
+        first, count = map(int, argv[argv.index("--sweep") + 1].split(":"))
+        configs = [_sweep_config(name, first + i) for i in range(count)]
     start, cpu = time.perf_counter(), children.cpu_seconds()
-    kernel = compile_kernel(name, backend, **params)
+    for config in configs:
+        kernel = compile_kernel(name, backend, **config)
     seconds, cpu = time.perf_counter() - start, children.cpu_seconds() - cpu
     report = {
         "seconds": seconds,
