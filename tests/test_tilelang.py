@@ -80,8 +80,9 @@ def test_compiled_once_then_hit_in_a_fresh_process_without_nvcc(
         assert report["adapter_class"] == ADAPTERS[backend]
     assert second["source_chars"] == first["source_chars"] > 0
     entries = list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))
-    # One compiled kernel is ONE entry; tvm_ffi's has its header manifest beside it.
-    assert len(entries) == (2 if backend == "tvm_ffi" else 1)
+    # One compiled kernel is ONE entry; tvm_ffi's has its header manifest and its device
+    # binary (kernelcache.tilelang.binaries) beside it.
+    assert len(entries) == (3 if backend == "tvm_ffi" else 1)
     # TileLang's own kernel cache stayed empty: kernelcache took its place.
     assert not list(Path(dsl_env["TILELANG_CACHE_DIR"]).rglob("*.so"))
 
@@ -189,7 +190,7 @@ def test_an_entry_whose_library_will_not_load_is_replaced(
     run(dsl_env, "add", "tvm_ffi")
     # Verified bytes that are not a loadable library (a foreign or mis-built entry).
     with Cache([DiskStore(dsl_env["KERNELCACHE_DIR"])], persist_stats=False) as cache:
-        # The kernel's entry (its header manifest is the other one).
+        # The kernel's entry (its header manifest and its device binary are the others).
         stored = list(cache.tiers[0].keys())
         [(key, entry)] = [(k, e) for k in stored if (e := cache.get(k)) and "library" in e.meta]
         library = entry.meta["library"]
@@ -197,10 +198,12 @@ def test_an_entry_whose_library_will_not_load_is_replaced(
     damaged = run(dsl_env, "add", "tvm_ffi")
     assert damaged["stats"]["unusable_entries"] == 1
     assert damaged["stats"]["compiles"] == 1
-    assert len(toolkit.compiles()) == 2
+    # Rebuilt around the device binary's own entry (its bytes verified): no nvcc run.
+    assert damaged["stats"]["binary_hits"] == 1
+    assert len(toolkit.compiles()) == 1
     healed = run(dsl_env, "add", "tvm_ffi")
     assert healed["stats"]["hits"] == 1
-    assert len(toolkit.compiles()) == 2
+    assert len(toolkit.compiles()) == 1
 
 
 def test_template_headers_key_by_content_not_path(
@@ -234,6 +237,26 @@ def test_what_nvcc_reads_from_the_environment_is_keyed(
     run(dsl_env, "add", "tvm_ffi")
     flagged = run({**dsl_env, "NVCC_APPEND_FLAGS": "-DKERNELCACHE_PROBE=1"}, "add", "tvm_ffi")
     assert flagged["stats"] == {**flagged["stats"], "hits": 0, "misses": 1, "compiles": 1}
+    assert len(toolkit.compiles()) == 2
+
+
+def test_kernels_of_one_device_code_share_one_nvcc_run(
+    toolkit: Toolkit, dsl_env: dict[str, str]
+) -> None:
+    """Add kernels whose sizes change only the launch grid have the same device code:
+    TileLang's binary cache ran nvcc once for them, and kernelcache, which replaces that
+    cache, does too (issue 23). Each kernel is still an entry of its own, whose
+    fresh-process hit goes through its header manifest; what nvcc reads is keyed."""
+    run(dsl_env, "add", "tvm_ffi")
+    assert len(toolkit.compiles()) == 1
+    other = run(dsl_env, "add", "tvm_ffi", "--n", "4096")
+    assert other["stats"] == {**other["stats"], "misses": 1, "compiles": 1, "binary_hits": 1}
+    assert len(toolkit.compiles()) == 1  # the first kernel's binary
+    again = run(dsl_env, "add", "tvm_ffi", "--n", "4096")
+    assert again["stats"] == {**again["stats"], "hits": 1, "manifest_hits": 1, "binary_hits": 0}
+    flagged = run({**dsl_env, "NVCC_APPEND_FLAGS": "-DKERNELCACHE_PROBE=1"}, "add", "tvm_ffi",
+                  "--n", "8192")  # fmt: skip
+    assert flagged["stats"] == {**flagged["stats"], "compiles": 1, "binary_hits": 0}
     assert len(toolkit.compiles()) == 2
 
 

@@ -7,7 +7,8 @@ object's class and its adapter's, and the seconds the compile took. Options:
 ``--wait-for PATH`` (after imports, create ``PATH.ready.<pid>`` and wait for
 PATH: lets a test start several compiles at the same moment), and
 ``--variant`` (another kernel of the same kind: the add's block size, the
-GEMM's k tile), ``--sweep FIRST:COUNT`` (COUNT add kernels one after another, each with a block
+GEMM's k tile), ``--n N`` (the add kernel for N elements: another
+launch grid, the same device code), ``--sweep FIRST:COUNT`` (COUNT add kernels one after another, each with a block
 size and element type of its own: an autotuning sweep's new kernels), ``--evict-after-get`` (remove the entry and its files from the cache between
 kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
 (take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
@@ -139,7 +140,9 @@ def main(argv: list[str]) -> None:
             setattr(kernels, "shared_fields", fails)  # noqa: B010 (a name imported there)
     if "--wait-for" in argv:
         children.wait_for(argv[argv.index("--wait-for") + 1])
-    params = VARIANTS[name] if "--variant" in argv else {}
+    params: dict[str, Any] = dict(VARIANTS[name]) if "--variant" in argv else {}
+    if "--n" in argv:  # the add kernel of another size: the grid changes, the device code not
+        params["n"] = int(argv[argv.index("--n") + 1])
     configs = [params]
     if "--sweep" in argv:
         first, count = map(int, argv[argv.index("--sweep") + 1].split(":"))

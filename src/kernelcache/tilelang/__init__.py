@@ -10,8 +10,9 @@ atomically and verified, under the cache's size cap and statistics, shared
 through its Redis tier, and compiled once when N processes or machines ask
 for it together. Keys add the compilers and header contents TileLang's own
 key leaves out (:mod:`kernelcache.tilelang.keys`). TileLang's CUDA binary
-cache is bypassed while installed: its key holds absolute ``-I`` paths and
-no compiler identity, and the entry above already holds the binary.
+cache (nvcc's output by device code: kernels of the same code share it) is
+kernelcache entries too, keyed with the compilers and headers its own key
+leaves out (:mod:`kernelcache.tilelang.binaries`).
 ``TILELANG_DISABLE_CACHE=1`` still compiles without any cache. Autotuning
 results go through :mod:`kernelcache.autotune`, keyed by GPU model
 (:mod:`kernelcache.tilelang.autotune`).
@@ -42,6 +43,7 @@ from kernelcache.integration import Integration
 from kernelcache.patching import Patches
 from kernelcache.tilelang import firstrun, keys, recording
 from kernelcache.tilelang.autotune import TunerHooks
+from kernelcache.tilelang.binaries import BinaryHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
 
 __all__ = [
@@ -90,8 +92,13 @@ def _hook(patches: Patches) -> None:
     tl_lower = importlib.import_module("tilelang.engine.lower")
     codegen = getattr(tl_lower, DEVICE_CODEGEN)
     patches.set(tl_lower, DEVICE_CODEGEN, firstrun.wrap_codegen(codegen))
-    patches.set(CUDABinaryCache, "load", classmethod(_binary_miss))
-    patches.set(CUDABinaryCache, "save", classmethod(_binary_skip))
+    binaries = BinaryHooks(_state.get_cache, _state.counters)
+    patches.set(CUDABinaryCache, "load", classmethod(lambda cls, key, fmt: binaries.load(key, fmt)))
+    patches.set(
+        CUDABinaryCache,
+        "save",
+        classmethod(lambda cls, key, fmt, data: binaries.save(key, fmt, data)),
+    )
     tuner = TunerHooks(get_records, _device)
     patches.set(AutoTuner, TUNER_LOAD, lambda self, key: tuner.load(self, key))
     patches.set(AutoTuner, TUNER_SAVE, lambda self, key, result: tuner.save(self, key, result))
@@ -120,14 +127,6 @@ def install(cache: Cache | None = None, *, device: Any = None) -> bool:
         return False
     keys.prefetch()  # the fields every key shares, derived while the user's code runs (issue 23)
     return True
-
-
-def _binary_miss(cls: type, key: str, compile_format: str) -> None:
-    return None
-
-
-def _binary_skip(cls: type, key: str, compile_format: str, data: bytes) -> None:
-    return None
 
 
 def uninstall() -> None:

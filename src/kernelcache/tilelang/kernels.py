@@ -66,6 +66,7 @@ COUNTERS = (
     "passed_through",
     "manifest_hits",
     "bad_manifests",
+    "binary_hits",  # nvcc's output found by device code (kernelcache.tilelang.binaries)
 )
 
 

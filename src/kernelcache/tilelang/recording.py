@@ -178,6 +178,11 @@ def capturing(
         _capture.decide = None
 
 
+def noted() -> list[dict[str, Any] | None] | None:
+    """The nvcc calls :func:`capturing` is noting in this thread (``None``: it is not)."""
+    return getattr(_capture, "calls", None)
+
+
 def decide_now() -> None:
     """Run the pending ``decide`` of :func:`capturing`, once; it may raise, ending the compile."""
     decide = getattr(_capture, "decide", None)
