@@ -229,24 +229,15 @@ def test_template_headers_key_by_content_not_path(
     assert len(toolkit.compiles()) == 2
 
 
-def test_what_nvcc_reads_from_the_environment_is_keyed(
-    toolkit: Toolkit, dsl_env: dict[str, str]
-) -> None:
-    """NVCC_APPEND_FLAGS reaches TileLang's nvcc run without changing its command line:
-    a kernel compiled without it is not served to a process that sets it."""
-    run(dsl_env, "add", "tvm_ffi")
-    flagged = run({**dsl_env, "NVCC_APPEND_FLAGS": "-DKERNELCACHE_PROBE=1"}, "add", "tvm_ffi")
-    assert flagged["stats"] == {**flagged["stats"], "hits": 0, "misses": 1, "compiles": 1}
-    assert len(toolkit.compiles()) == 2
-
-
 def test_kernels_of_one_device_code_share_one_nvcc_run(
     toolkit: Toolkit, dsl_env: dict[str, str]
 ) -> None:
     """Add kernels whose sizes change only the launch grid have the same device code:
     TileLang's binary cache ran nvcc once for them, and kernelcache, which replaces that
     cache, does too (issue 23). Each kernel is still an entry of its own, whose
-    fresh-process hit goes through its header manifest; what nvcc reads is keyed."""
+    fresh-process hit goes through its header manifest. NVCC_APPEND_FLAGS reaches nvcc
+    without changing its command line: neither the kernel nor its binary is served to a
+    process that sets it when they were compiled without."""
     run(dsl_env, "add", "tvm_ffi")
     assert len(toolkit.compiles()) == 1
     other = run(dsl_env, "add", "tvm_ffi", "--n", "4096")
@@ -255,8 +246,8 @@ def test_kernels_of_one_device_code_share_one_nvcc_run(
     again = run(dsl_env, "add", "tvm_ffi", "--n", "4096")
     assert again["stats"] == {**again["stats"], "hits": 1, "manifest_hits": 1, "binary_hits": 0}
     flagged = run({**dsl_env, "NVCC_APPEND_FLAGS": "-DKERNELCACHE_PROBE=1"}, "add", "tvm_ffi",
-                  "--n", "8192")  # fmt: skip
-    assert flagged["stats"] == {**flagged["stats"], "compiles": 1, "binary_hits": 0}
+                  "--n", "4096")  # fmt: skip
+    assert flagged["stats"] == {**flagged["stats"], "hits": 0, "misses": 1, "binary_hits": 0}
     assert len(toolkit.compiles()) == 2
 
 
