@@ -14,7 +14,7 @@ import kernelcache.tilelang as kct  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
 from kernelcache.nvcc import key as nvcc_key  # noqa: E402
 from kernelcache.stores.disk import DiskStore  # noqa: E402
-from kernelcache.tilelang import keys  # noqa: E402
+from kernelcache.tilelang import keys, recording  # noqa: E402
 from kernelcache.tilelang.autotune import TunerHooks  # noqa: E402
 
 BASE: dict[str, Any] = {
@@ -132,6 +132,9 @@ def test_autotune_records_are_keyed_by_gpu_model(tmp_path: Path) -> None:
         assert "128" in found.libcode  # the best config's kernel, compiled through the kernel cache
         assert TunerHooks(kct.get_records, lambda: a100).load(tuner, "tuning-key") is None
         assert hooks.load(tuner, "another-key") is None
+    # The compile's header manifest is recorded in a background thread: done before the
+    # next test patches what it reads (keys._env_module).
+    recording.wait()
 
 
 def test_libraries_are_named_by_build_id_else_by_content(
