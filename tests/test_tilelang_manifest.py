@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 from kernelcache.cache import Cache
-from kernelcache.entry import Entry
+from kernelcache.entry import Entry, private_dir
 from kernelcache.integration import Counters
 from kernelcache.nvcc import deps
 from kernelcache.tilelang import depfile, keys, manifest, recording
@@ -238,9 +238,9 @@ def test_the_compile_itself_writes_what_it_read(
     what discover()'s -M run lists, device-only headers in, host-only ones out."""
     import tilelang.contrib.nvcc as tl_nvcc
 
-    left = set(os.listdir(depfile.folder()))  # by earlier tests in this process, if any
+    left = set(os.listdir(private_dir()))  # by earlier tests in this process, if any
     entry, call, started, discovered = _compile_capturing(tree, monkeypatch, tl_nvcc.compile_cuda)
-    assert len(set(os.listdir(depfile.folder())) - left) == 1  # the compile wrote its file
+    assert len(set(os.listdir(private_dir())) - left) == 1  # the compile wrote its file
     cache = Cache()
     assert recording.record(cache, PRE, RESULT, entry, call, started)
     assert discovered == []  # no preprocessor run but the compile's own
@@ -248,7 +248,7 @@ def test_the_compile_itself_writes_what_it_read(
     assert _recorded(cache) == expected
     by_m = manifest.tree_files(recording.discover(DEVICE_ONLY_CODE, call) or [], [str(tree)])
     assert set(by_m or []) == expected  # the -M run agrees
-    assert set(os.listdir(depfile.folder())) == left  # read, then removed
+    assert set(os.listdir(private_dir())) == left  # read, then removed
     (tree / "device_only.h").write_text("#define D 2\n")
     assert _find(cache) == (None, 0)
 
@@ -321,4 +321,4 @@ def test_where_the_compile_is_asked_to_write_what_it_read(
     assert (written is not None) == asked
     if written is not None:
         assert written[0] == ["-Xcompiler", f"-MD,-MF,{written[1]}"]
-        assert os.path.dirname(written[1]) == depfile.folder()
+        assert os.path.dirname(written[1]) == private_dir()

@@ -260,8 +260,28 @@ class Files(Protocol):
     def path(self, entry: Entry, name: str) -> str: ...
 
 
-_tmp_dir: str | None = None
+_tmp_dir: list[str] = []
 _tmp_lock = threading.Lock()
+
+
+def private_dir() -> str:
+    """This process's private temporary folder (mode 0700), made on first use, removed at exit.
+
+    For files this process alone reads: artifacts handed to loaders, files a
+    compiler writes for it. They live until the process ends, not longer.
+    """
+    with _tmp_lock:
+        if not _tmp_dir:
+            _tmp_dir.append(tempfile.mkdtemp(prefix="kernelcache-"))
+            atexit.register(_remove_private_dir, _tmp_dir[0], os.getpid())
+        return _tmp_dir[0]
+
+
+def _remove_private_dir(folder: str, owner: int) -> None:
+    if os.getpid() == owner:  # a forked child exiting normally leaves its parent's folder
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 _tmp_pins: dict[str, tuple[int, int, int, int, int]] = {}
 
 
@@ -277,14 +297,10 @@ _TEMP_FILES = TempFiles()
 
 def _materialize_tmp(entry: Entry, name: str) -> str:
     """Write an artifact of a memory-only entry to this process's private temp dir."""
-    global _tmp_dir
+    root = private_dir()
     with _tmp_lock:
-        if _tmp_dir is None:
-            _tmp_dir = tempfile.mkdtemp(prefix="kernelcache-")  # mode 0700
-            # Files handed to loaders live until the process ends, not longer.
-            atexit.register(shutil.rmtree, _tmp_dir, True)
         data = entry[name]
-        folder = os.path.join(_tmp_dir, xxhash.xxh3_128_hexdigest(data))
+        folder = os.path.join(root, xxhash.xxh3_128_hexdigest(data))
         path = os.path.join(folder, name)
         if _fs.holds(path, data, _tmp_pins):
             return path

@@ -23,15 +23,12 @@ preprocessor as before.
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
-import shutil
-import tempfile
-import threading
 from collections.abc import Mapping
 
 from kernelcache import _fs
+from kernelcache.entry import private_dir
 from kernelcache.nvcc import deps
 
 #: nvcc output formats that preprocess the device code once and compile no host code.
@@ -48,9 +45,6 @@ _MORE_TARGETS = (
     "-code",
     "--gpu-code",
 )
-
-_folder: list[str] = []
-_folder_lock = threading.Lock()
 
 
 def flags(
@@ -70,7 +64,8 @@ def flags(
         return None  # architectures beside the call's own: more than one device run
     if not host or not _GCC_LIKE.fullmatch(os.path.basename(host)):
         return None
-    path = os.path.join(folder(), _fs.unique() + ".d")
+    # A compile that fails leaves its file there; nothing else reads it.
+    path = os.path.join(private_dir(), _fs.unique() + ".d")
     if "," in path or any(c.isspace() for c in path):
         return None  # nvcc splits -Xcompiler at commas; a space would need quoting
     return ["-Xcompiler", f"-MD,-MF,{path}"], path
@@ -89,20 +84,3 @@ def read(path: str) -> list[str] | None:
         return deps.parse_depfile(text)[1]
     except ValueError:
         return None
-
-
-def folder() -> str:
-    """This process's folder for dependency files (mode 0700), removed at exit.
-
-    A compile that fails leaves its file here; nothing else reads it.
-    """
-    with _folder_lock:
-        if not _folder:
-            _folder.append(tempfile.mkdtemp(prefix="kernelcache-tilelang-deps-"))
-            atexit.register(_remove, _folder[0], os.getpid())
-        return _folder[0]
-
-
-def _remove(folder: str, owner: int) -> None:
-    if os.getpid() == owner:  # a forked child exiting normally leaves its parent's folder
-        shutil.rmtree(folder, ignore_errors=True)

@@ -25,13 +25,12 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kernelcache.cache import Cache
-from kernelcache.entry import Entry
+from kernelcache.entry import Entry, private_dir
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
 from kernelcache.tilelang import keys, manifest, recording
@@ -116,25 +115,10 @@ def folder_of(entry: Entry) -> str:
     folders = {os.path.dirname(path) for path in paths.values()}
     if len(folders) == 1:
         return folders.pop()
-    folder = tempfile.mkdtemp(prefix="entry-", dir=_private_root())
+    folder = tempfile.mkdtemp(prefix="entry-", dir=private_dir())
     for name, path in paths.items():
         shutil.copyfile(path, os.path.join(folder, name))
     return folder
-
-
-_root: list[str] = []
-_root_lock = threading.Lock()
-
-
-def _private_root() -> str:
-    """This process's folder for copied entries (mode 0700), removed at exit."""
-    import atexit
-
-    with _root_lock:
-        if not _root:
-            _root.append(tempfile.mkdtemp(prefix="kernelcache-tilelang-"))
-            atexit.register(shutil.rmtree, _root[0], True)
-        return _root[0]
 
 
 def load(entry: Entry, call: dict[str, Any]) -> Any:
