@@ -8,8 +8,9 @@ headers' content, and its files are outside kernelcache's tiers, so while
 kernelcache is installed that cache is replaced, not bypassed (bypassing it
 made each of those kernels run nvcc, where TileLang alone ran it once: issue
 23). An entry here is the binary, keyed by TileLang's key and what it leaves
-out: the header trees' content, nvcc's and the host compiler's identity, the
-environment nvcc reads (:func:`kernelcache.tilelang.keys.shared_fields`).
+out: the header trees' content and every field kernel keys share
+(:func:`kernelcache.tilelang.keys.shared_fields`: nvcc's and the host
+compiler's identity, the environment nvcc reads, ...).
 
 The nvcc call that made the binary (:func:`kernelcache.tilelang.recording.describe_call`)
 is kept in its meta: a kernel built from a stored binary is noted as having
@@ -42,19 +43,17 @@ _KEY_ERRORS = (OSError, RuntimeError, ValueError)
 
 def binary_key(upstream_key: str, compile_format: str) -> str:
     """The kernelcache key of one binary of TileLang's CUDA binary cache."""
-    shared = keys.shared_fields("tvm_ffi")  # nvcc and the host compiler, not NVRTC
-    return (
+    builder = (
         KeyBuilder(NAMESPACE)
         .add("schema", SCHEMA)
         .add("upstream", upstream_key)
         .add("format", compile_format)
-        .add("tilelang", shared["tilelang"])
         .add("headers", keys.headers())
-        .add("compilers", shared["compilers"])
-        .add("environment", shared["environment"])
-        .add("machine", shared["machine"])
-        .hexdigest()
     )
+    # The fields every kernel key shares (nvcc and the host compiler, not NVRTC). TileLang's
+    # libraries among them do not change nvcc's output: a new build costs a recompile, never
+    # a stale binary.
+    return keys.with_shared(builder, keys.shared_fields("tvm_ffi")).hexdigest()
 
 
 class BinaryHooks:

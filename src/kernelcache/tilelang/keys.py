@@ -215,20 +215,23 @@ def _build(
 ) -> str:
     """The fields of both keys below; ``trees`` is the header trees' field, their
     contents or their folders (in the same place in both)."""
-    return (
+    builder = (
         KeyBuilder(namespace)
         .add("schema", SCHEMA)
         .add("upstream", upstream_key)
         .add("backend", backend)
         .add("target", str(target))
-        .add("tilelang", shared["tilelang"])
-        .add("libraries", shared["libraries"])
         .add("headers", trees)
-        .add("compilers", shared["compilers"])
-        .add("environment", shared["environment"])
-        .add("machine", shared["machine"])
-        .hexdigest()
     )
+    return with_shared(builder, shared).hexdigest()
+
+
+def with_shared(builder: KeyBuilder, shared: dict[str, Any]) -> KeyBuilder:
+    """``builder`` with every field of :func:`shared_fields`, so that a field added
+    there reaches every key built from them (kernels, manifests, binaries)."""
+    for label, value in shared.items():
+        builder.add(label, value)
+    return builder
 
 
 def kernel_key(
