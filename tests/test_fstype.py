@@ -82,6 +82,8 @@ def test_the_device_line_decides(
         monkeypatch,
         [
             "27 1 999:0 / / rw,relatime - ext4 /dev/vda rw",
+            # The device's numbers as another line's source: only the third field decides.
+            f"28 1 999:2 / /other rw,relatime - tmpfs {dev_of(tmp_path)} rw",
             f"90 27 {dev_of(tmp_path)} / /some\\040where rw,relatime shared:5 - nfs4 srv:/home rw",
         ],
     )

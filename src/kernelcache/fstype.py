@@ -124,23 +124,40 @@ def _unescape(field: str) -> str:
     return field.encode("latin-1").decode("unicode_escape").encode("latin-1").decode()
 
 
+def _fstype(line: str) -> str | None:
+    """The filesystem type of one mountinfo line (after the ``-`` that ends its optional fields)."""
+    fields = line.split(" ")
+    try:
+        return fields[fields.index("-", 6) + 1]
+    except (ValueError, IndexError):
+        return None  # not a line mountinfo writes
+
+
 def _from_mountinfo(path: str | None, dev: int) -> str:
     try:
         with open(_MOUNTINFO, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
+            text = f.read()
     except OSError:
         return "unknown"
     wanted = f"{os.major(dev)}:{os.minor(dev)}"
-    mounts: list[tuple[str, str]] = []
-    for line in lines:
-        fields = line.split(" ")
-        try:
-            fstype = fields[fields.index("-", 6) + 1]
-        except (ValueError, IndexError):
-            continue  # not a line mountinfo writes
-        if fields[2] == wanted:
+    # The device's own line, found without splitting every line: a cluster node's mountinfo
+    # runs to hundreds of lines, and each Cache() asks (420 lines: 0.59 ms split, 0.15 ms
+    # found). Fields hold no spaces (mountinfo escapes them), so " 0:52 " is a whole field;
+    # only the third decides.
+    start = text.find(f" {wanted} ")
+    while start >= 0:
+        begin = text.rfind("\n", 0, start) + 1
+        end = text.find("\n", start)
+        line = text[begin : end if end >= 0 else len(text)]
+        fstype = _fstype(line)
+        if fstype is not None and line.split(" ", 3)[2] == wanted:
             return fstype
-        mounts.append((_unescape(fields[4]), fstype))
+        start = text.find(f" {wanted} ", start + 1)
+    mounts: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        fstype = _fstype(line)
+        if fstype is not None:
+            mounts.append((_unescape(line.split(" ", 5)[4]), fstype))
     if path is None:
         return "unknown"
     # No device matched (btrfs subvolumes): the longest mount point above the real path.
