@@ -160,3 +160,32 @@ def test_bench_dsl_states_each_issue_23_target_with_a_verdict() -> None:
     with_import = verdicts["hit, fresh process, kernelcache's import included"]
     assert with_import["kernelcache"] == pytest.approx(0.011)  # the hit plus the import
     assert verdicts["cold, first run"]["cpu ratio"] == "1.10"
+
+
+def test_bench_compilers_compares_an_nvrtc_cold_compile_withnvrtc_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23's cold rule for NVRTC: both sides compile the same thing, and each kernel
+    gets a verdict (one run each; no timing is asserted)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_compilers
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from kernelcache import Cache, nvrtc
+    from kernelcache.stores.memory import MemoryStore
+
+    source = (bench_compilers.EXAMPLES / "saxpy.cu").read_text() + "\n// the same work\n"
+    alone = bench_compilers.nvrtc_alone(source, "saxpy.cu", "sm_90", str(bench_compilers.EXAMPLES))
+    ours = nvrtc.compile(
+        source, name="saxpy.cu", arch="sm_90", include_dirs=[str(bench_compilers.EXAMPLES)],
+        cache=Cache([MemoryStore()]),
+    )  # fmt: skip
+    assert alone == ours.binary  # the same compile on both sides
+    bench_compilers.bench_nvrtc_cold("sm_90", 1)
+    lines = capsys.readouterr().out.splitlines()
+    verdicts = [line for line in lines if "x NVRTC alone (target <= 1.05x)" in line]
+    assert [v.split()[3] for v in verdicts] == [f"{k}:" for k in bench_compilers.KERNELS]
+    assert all(v.split()[0] in ("PASS", "MISS") for v in verdicts)
