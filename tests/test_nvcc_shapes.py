@@ -282,3 +282,50 @@ def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path:
     counts = answered(tool.cache_dir)
     assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 1, counts
     assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 1, counts
+
+
+def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Path) -> None:
+    """An edit-and-rebuild imports no cache in a new process either (issue 23).
+
+    A command stored under a preprocessed key before may be found there again,
+    so its preprocessing runs first, in the caller (the server answers one
+    request at a time); the server looks its digests up. A comment-only edit
+    is restored by the server; a real edit is compiled by the caller and
+    stored by the server. The in-process launcher (its import of the whole
+    cache and its second direct lookup) cost ~0.2 s per rebuilt file.
+    """
+    tool = Launcher(make_bin(tmp_path / "bin"), tmp_path / "cache")
+    start_server(tool.cache_dir, tool.env)
+    kernel = KERNEL.replace("scale", "edited")
+    root = project(tmp_path / "p", kernel)
+    args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
+
+    def rebuilt(source: str) -> tuple[subprocess.CompletedProcess[bytes], dict[str, int]]:
+        (root / "k.cu").write_text(source)
+        time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
+        before = stats(tool.cache_dir)
+        proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
+        assert proc.returncode == 0, proc.stderr
+        imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
+        assert not any(b"kernelcache.cache" in line for line in imported)
+        after = stats(tool.cache_dir)
+        return proc, {k: after[k] - before[k] for k in after}
+
+    try:
+        assert tool(args, root).returncode == 0  # the first compile: stored, key learned
+        _, counted = rebuilt(kernel + "// a comment\n")
+        assert (counted["hits"], counted["preprocessed_hits"], counted["misses"]) == (1, 1, 0)
+        _, counted = rebuilt(kernel.replace("x[threadIdx.x])", "x[threadIdx.x]) + 1.0f"))
+        assert (counted["hits"], counted["misses"]) == (0, 1)
+        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
+        assert plain.returncode == 0
+        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
+            (root / "plain.o").read_bytes()
+        )
+        assert tool.outcome(args, root) == "server hit"  # stored under its new key
+    finally:
+        stop_server(tool.cache_dir)
+    counts = answered(tool.cache_dir)
+    assert sum(n for k, n in counts.items() if k.endswith(" preprocess")) == 2, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 2, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 2, counts

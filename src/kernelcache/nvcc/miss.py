@@ -62,16 +62,19 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     if pre is not None:
         found = cache.get(pre)
         if found is not None:
-            outcome = _preprocessed_hit(cache, job, pre, found, started)
+            outcome = preprocessed_hit(cache, job, pre, found, started)
             if outcome is not None:
+                replay(found["stdout"], found["stderr"])
                 return 0, outcome
     return _compile(cache, job, pre, started)
 
 
-def _preprocessed_hit(
+def preprocessed_hit(
     cache: Cache, job: Job, pre: str, result: Entry, started: int
 ) -> Outcome | None:
-    """Restore a result found under the preprocessed key and remember today's dependencies."""
+    """Restore a result found under the preprocessed key (its outputs written) and remember
+    today's dependencies; ``None`` if it cannot be used. Its stdout and stderr are the
+    caller's to pass on (a process of its own, or the server's client)."""
     stored = result.meta.get(DEPS_META)
     if not isinstance(stored, list):
         return None
@@ -86,7 +89,6 @@ def _preprocessed_hit(
         return None
     if recorded[1] is not None:
         _add_variant(cache, job, recorded, pre)
-    replay(result["stdout"], result["stderr"])
     return Outcome("hits", saved=saved_seconds(result), detail="preprocessed_hits")
 
 

@@ -160,7 +160,7 @@ class Server:
         """What it answered, for the log (each kind for each client), or ``None`` if nothing."""
         if not self.answered:
             return None
-        kinds = ("hit", "plain", "fallback", "compile", "stored")
+        kinds = ("hit", "plain", "fallback", "preprocess", "compile", "stored")
         parts = [
             " ".join(f"{k}={self.answered.get((k, native), 0)}" for k in kinds)
             for native in (False, True)
@@ -217,7 +217,8 @@ class Server:
         return [b"hit", b"0", result["stdout"], result["stderr"]]
 
     def compile_step(self, request: list[bytes]) -> list[bytes]:
-        """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan or store."""
+        """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan, lookup
+        or store."""
         from kernelcache.nvcc import compiling
 
         step, fields = request[0], compiling.STEPS.get(request[0])
@@ -232,6 +233,8 @@ class Server:
                 return self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
                     cache, job
                 )
+            if step == b"lookup":
+                return compiling.lookup(settings, cache, job, request[1 : 1 + fields])
             return compiling.store(settings, cache, job, request[1 : 1 + fields])
         except (OSError, ValueError, KernelCacheError):
             return [b"fallback", b"lookup"]
