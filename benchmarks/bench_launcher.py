@@ -403,13 +403,61 @@ def bench_cmake(launchers: Launchers, tmp: Path, files: int) -> None:
         print(f"verdict, {line}: {'met' if verdict else 'MISSED'}")
 
 
+def bench_edit(launchers: Launchers, tmp: Path, repeat: int) -> None:
+    """Edit one source and rebuild it, each launcher with its cache warm (a developer's loop).
+
+    Every rebuild is a real change (a new constant in the kernel), so every
+    launcher misses: its direct lookup, then its preprocessor fallback, then
+    nvcc. Wall and CPU time of the call (the build's processes; kernelcache's
+    server CPU is not counted here, as in the hit table).
+    """
+    work = tmp / "edit"
+    work.mkdir()
+    shutil.copy(ROOT / "examples" / "common.cuh", work / "common.cuh")
+    base = (ROOT / "examples" / "saxpy.cu").read_text()
+    argv = [NVCC, "-arch=sm_90", "-c", "-I", str(work), "saxpy.cu", "-o", "saxpy.o"]
+    argv += ["-MD", "-MF", "saxpy.o.d"]
+    names = {"none": [], **{k: v for k, v in launchers.prefix.items() if k != PY_CLIENT}}
+    names.pop("sccache", None)  # it has no preprocessor fallback to measure, and costs minutes
+    warm_server(launchers, tmp)
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for round_ in range(repeat + 1):  # round 0: each launcher sees the command once
+        source = base.replace("alpha * x[i] + y[i]", f"alpha * x[i] + y[i] + {round_}")
+        for name, prefix in names.items():
+            (work / "saxpy.cu").write_text(source)
+            time.sleep(0.05)  # older than the compile's start (the launchers' race rules)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            subprocess.run([*prefix, *argv], cwd=work, env=launchers.env, check=True,
+                           capture_output=True)  # fmt: skip
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            if round_:
+                runs[name].append((wall, cpu))
+    print(f"\nEdit one .cu file and rebuild it (a real change each time), median of {repeat}")
+    print(f"{'launcher':<14} {'wall s':>8} {'cpu s':>8} {'/none':>7}")
+    walls = {name: statistics.median(w for w, _ in rows) for name, rows in runs.items()}
+    for name, rows in runs.items():
+        cpu = statistics.median(c for _, c in rows)
+        print(f"{name:<14} {walls[name]:>8.2f} {cpu:>8.2f} {walls[name] / walls['none']:>6.2f}x")
+    if "kernelcache" in walls and "ccache" in walls:
+        ours = walls["kernelcache"]
+        print(
+            f"kernelcache: {ours / walls['none']:.2f}x none, {ours / walls['ccache']:.2f}x ccache"
+            " (issue 23's rule: no slower than ccache)"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--headers", type=int, default=300)
     parser.add_argument("--files", type=int, default=8, help="CMake project size; 0: no build")
     parser.add_argument(
-        "--only", choices=["hits", "cmake"], help="run one part: the hit latencies or the build"
+        "--only",
+        choices=["hits", "cmake", "edit"],
+        help="run one part: the hit latencies, the build, or an edited file's rebuild",
     )
     args = parser.parse_args()
     versions = {
@@ -425,10 +473,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         launchers = Launchers(Path(tmp))
         try:
-            if args.only != "cmake":
+            if args.only in (None, "hits"):
                 bench_hits(launchers, Path(tmp), args.repeat, args.headers)
-            if args.files and args.only != "hits":
+            if args.files and args.only in (None, "cmake"):
                 bench_cmake(launchers, Path(tmp), args.files)
+            if args.only in (None, "edit"):
+                bench_edit(launchers, Path(tmp), max(1, args.repeat // 5))
         finally:
             launchers.close()
     print(f"\nload at the end {os.getloadavg()[0]:.1f} (figures under contention are indicative)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,8 @@ def test_bench_launcher_smoke(tmp_path: Path) -> None:
     assert proc.stdout.count("python -I -S -c pass") == 2
     assert "kernelcache" in proc.stdout
     assert "timed runs were hits" not in proc.stdout
+    assert "Edit one .cu file and rebuild it" in proc.stdout
+    assert re.search(r"^kernelcache +[\d.]+ +[\d.]+ +[\d.]+x$", proc.stdout, re.MULTILINE)
 
 
 @pytest.mark.slow
