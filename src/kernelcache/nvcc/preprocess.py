@@ -12,10 +12,10 @@ miss). Line markers are kept: they reach warnings and debug info. With
 keyed arguments.
 
 Used on a direct-mode miss, before compiling: it costs a dry run and one
-preprocessor run per pass, the passes side by side. A command never stored under a preprocessed key
-before skips that (nothing could be found): it compiles with ``--keep`` into a
-temporary directory and hashes the files nvcc's own passes left there
-(:func:`kept_files`).
+preprocessor run per pass, the passes side by side. A command never stored
+under a preprocessed key before skips that (nothing could be found): it
+compiles with ``--keep`` into a temporary directory and hashes the files
+nvcc's own passes left there (:func:`kept_files`).
 """
 
 from __future__ import annotations
