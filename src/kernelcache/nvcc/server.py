@@ -11,8 +11,11 @@ the client's environment from the request, and does the direct lookup with
 a real :class:`~kernelcache.cache.Cache` over the disk (and remote) tiers,
 so its hits are counted where every other hit is. A hit's outputs are
 written here; nvcc's stdout, stderr and status go back to the client. An
-uncacheable call is counted here and the client runs nvcc; anything else
-(a miss, a bad setting) is the client's to run in-process. What it learns
+uncacheable call is counted here and the client runs nvcc. A miss is planned
+here and compiled by the caller (:mod:`kernelcache.nvcc.compiling`: the
+caller preprocesses when a preprocessed key may hold the result, the server
+looks it up and stores the compile); anything else (a bad setting, no
+answer) is the client's to run in-process. What it learns
 stays warm: the toolchain identities, the parsed settings, and the content
 digests of files whose stat signature is unchanged and old enough to trust.
 
