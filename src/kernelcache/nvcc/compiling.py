@@ -200,12 +200,11 @@ def lookup(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> l
     started, digests = int(fields[0]), [d.decode() for d in fields[1].split(b",") if d]
     if digests:
         pre = nvcc_key.preprocessed_key(job.command, digests)
-        found = cache.get(pre)
-        if found is not None:
-            outcome = miss.preprocessed_hit(cache, job, pre, found, started)
-            if outcome is not None:
-                outcome.record(settings)
-                return [b"hit", b"0", found["stdout"], found["stderr"]]
+        restored = miss.preprocessed_lookup(cache, job, pre, started)
+        if restored is not None:
+            result, outcome = restored
+            outcome.record(settings)
+            return [b"hit", b"0", result["stdout"], result["stderr"]]
     # A miss: compiled with --keep, as a first compile is; its kept files give the same key.
     return _compile_plan(job)
 

@@ -60,21 +60,32 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
         digests = preprocess.digests(job.nvcc, job.inv, job.env, job.basedir)
         pre = nvcc_key.preprocessed_key(job.command, digests) if digests else None
     if pre is not None:
-        found = cache.get(pre)
-        if found is not None:
-            outcome = preprocessed_hit(cache, job, pre, found, started)
-            if outcome is not None:
-                replay(found["stdout"], found["stderr"])
-                return 0, outcome
+        restored = preprocessed_lookup(cache, job, pre, started)
+        if restored is not None:
+            result, outcome = restored
+            replay(result["stdout"], result["stderr"])
+            return 0, outcome
     return _compile(cache, job, pre, started)
 
 
-def preprocessed_hit(
+def preprocessed_lookup(
+    cache: Cache, job: Job, pre: str, started: int
+) -> tuple[Entry, Outcome] | None:
+    """The result stored under the preprocessed key ``pre``, restored (its outputs written,
+    today's dependencies remembered), and its outcome; ``None`` if there is none to use.
+    Its stdout and stderr are the caller's to pass on (a process of its own, or the
+    launcher server's client)."""
+    found = cache.get(pre)
+    if found is None:
+        return None
+    outcome = _preprocessed_hit(cache, job, pre, found, started)
+    return None if outcome is None else (found, outcome)
+
+
+def _preprocessed_hit(
     cache: Cache, job: Job, pre: str, result: Entry, started: int
 ) -> Outcome | None:
-    """Restore a result found under the preprocessed key (its outputs written) and remember
-    today's dependencies; ``None`` if it cannot be used. Its stdout and stderr are the
-    caller's to pass on (a process of its own, or the server's client)."""
+    """Restore a result found under the preprocessed key and remember today's dependencies."""
     stored = result.meta.get(DEPS_META)
     if not isinstance(stored, list):
         return None
