@@ -112,19 +112,53 @@ def record(
     contents: dict[str, bytes] = {}
     now = time.time_ns()
     for path in dict.fromkeys(deps):
-        before = os.stat(path)
-        with open(path, "rb") as f:
-            data = f.read()
-        after = os.stat(path)
-        newest = max(after.st_mtime_ns, after.st_ctime_ns)
-        if signature(before) != signature(after) or newest >= started_ns - RACE_SLOP_NS:
+        known = _read(path, now)
+        if known is None:
+            return None
+        st, digest, data = known
+        if max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns - RACE_SLOP_NS:
             return None
         # A file changed too recently is recorded without a signature: the next
         # lookup hashes it (ccache's "file too new").
-        sig = None if _fs.too_new(after, now) else signature(after)
-        rows.append([normalize_path(path, basedir), sha256(data).hexdigest(), sig])
+        sig = None if _fs.too_new(st, now) else signature(st)
+        rows.append([normalize_path(path, basedir), digest, sig])
         contents[path] = data
     return rows, contents
+
+
+#: The content and digest of dependencies this process recorded, by path and stat
+#: signature. The launcher's server records compile after compile of the same
+#: headers (a CUDA source reaches ~190 of them, 20 ms of reading and hashing); a
+#: file whose signature is old enough to vouch for it (``_fs.too_new``) is read once.
+#: The same bytes objects then hit :mod:`kernelcache.nvcc.includes`' scans at once.
+_RECORDED: dict[str, tuple[tuple[int, int, int, int, int], str, bytes]] = {}
+_RECORDED_MAX_BYTES = 64 << 20
+_recorded_bytes = 0
+
+
+def _read(path: str, now: int) -> tuple[os.stat_result, str, bytes] | None:
+    """``(stat, digest, content)`` of one dependency; ``None`` if it changed while read."""
+    global _recorded_bytes
+    st = os.stat(path)
+    where = os.path.abspath(path)
+    known = _RECORDED.get(where)
+    if known is not None and known[0] == _fs.signature(st):
+        return st, known[1], known[2]
+    with open(path, "rb") as f:
+        data = f.read()
+    after = os.stat(path)
+    if _fs.signature(st) != _fs.signature(after):
+        return None
+    digest = sha256(data).hexdigest()
+    if not _fs.too_new(after, now):
+        replaced = _RECORDED.pop(where, None)
+        _recorded_bytes -= 0 if replaced is None else len(replaced[2])
+        if _recorded_bytes + len(data) > _RECORDED_MAX_BYTES:
+            _RECORDED.clear()
+            _recorded_bytes = 0
+        _RECORDED[where] = (_fs.signature(after), digest, data)
+        _recorded_bytes += len(data)
+    return after, digest, data
 
 
 def unchanged(st: os.stat_result, sig: Sequence[int] | None) -> bool:

@@ -143,11 +143,21 @@ def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:
     changed too recently to trust (timestamps are coarse) has no signature.
     """
     groups: dict[str, list[str]] = {}
+    nearest: dict[str, str] = {}  # a CUDA source's ~1000 candidates share a few directories
     for path in paths:
-        parent = os.path.dirname(path) or "."
-        while not os.path.isdir(parent) and parent not in ("", os.sep, "."):
-            parent = os.path.dirname(parent) or "."
-        groups.setdefault(parent, []).append(os.path.relpath(path, parent))
+        where = os.path.dirname(path) or "."
+        parent = nearest.get(where)
+        if parent is None:
+            parent = where
+            while not os.path.isdir(parent) and parent not in ("", os.sep, "."):
+                parent = os.path.dirname(parent) or "."
+            nearest[where] = parent
+        prefix = parent.rstrip(os.sep) + os.sep
+        if path.startswith(prefix) and parent != "." and _normal(path):
+            name = path[len(prefix) :]  # relpath's answer, without its two abspath calls
+        else:
+            name = os.path.relpath(path, parent)
+        groups.setdefault(parent, []).append(name)
     now = time.time_ns()
     out = []
     for parent, names in groups.items():
@@ -159,6 +169,15 @@ def watch(paths: Sequence[str], basedir: str | None) -> list[list[Any]]:
             sig = None if _fs.too_new(st, now) else signature(st)
         out.append([normalize_path(parent, basedir), sig, names])
     return out
+
+
+def _normal(path: str) -> bool:
+    """Whether ``normpath`` would leave ``path`` as it is (no ``.``, ``..``, ``//`` or a
+    trailing ``/``); ``False`` for some that it would (a name starting with a dot),
+    which costs only time."""
+    return not (
+        path.startswith(".") or path.endswith(os.sep) or os.sep + "." in path or os.sep * 2 in path
+    )
 
 
 def still_absent(groups: Sequence[Sequence[Any]], basedir: str | None) -> bool:
