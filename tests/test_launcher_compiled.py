@@ -151,7 +151,7 @@ def test_the_front_names_this_source_and_both_clients_speak_one_protocol(built: 
     define = re.search(rb'#define KC_PROTOCOL "([^"]*)"', source)
     assert define is not None
     assert define.group(1) == client.PROTOCOL
-    run = json.dumps(client.RUN_MODULE % "kernelcache.nvcc.launcher").encode()
+    run = json.dumps(client.RUN_LAUNCHER).encode()
     assert b"#define RUN_LAUNCHER " + run + b"\n" in source
     out = subprocess.run([str(built), "--protocol"], capture_output=True, check=True).stdout
     assert out == client.PROTOCOL + b"\n"

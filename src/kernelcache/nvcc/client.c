@@ -16,9 +16,9 @@
  *   - anything else (a miss, KERNELCACHE_SERVER=0, KERNELCACHE_READONLY=1, a
  *     directory it is unsure of, a server that hung, died or answered
  *     something unexpected):
- *     execs PYTHON -c RUN_LAUNCHER NVCC ARGS... (python -m kernelcache.nvcc.launcher
- *     without the current directory on sys.path), which is
- *     correct without any server.
+ *     execs PYTHON -c RUN_LAUNCHER NVCC ARGS... (kernelcache.nvcc.launcher, after a
+ *     first compile through the server was tried, without the current directory on
+ *     sys.path), which is correct without any server.
  * Every length in a reply is checked before it is used.
  * "launcher-client-... --protocol" prints the protocol: the server's self-test;
  * "--trusted DIR" exits 0 when DIR passes the trust rule (tests compare it
@@ -48,9 +48,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* client.RUN_MODULE for the launcher: python -m, without the build directory first on
- * sys.path (a project's own kernelcache.py must not run instead, nor break it). */
-#define RUN_LAUNCHER "import runpy, sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nrunpy.run_module('kernelcache.nvcc.launcher', run_name='__main__', alter_sys=True)"
+/* client.RUN_LAUNCHER: the launcher without the build directory first on sys.path (a
+ * project's own kernelcache.py must not run instead, nor break it). */
+#define RUN_LAUNCHER "import sys\nif sys.path and sys.path[0] == '': del sys.path[0]\nfrom kernelcache.nvcc import compiling\ncompiling.main(sys.argv[1:])\nfrom kernelcache.nvcc import launcher\nsys.exit(launcher.main(sys.argv[1:]))"
 /* client.PROTOCOL: a test checks that both say the same. */
 #ifndef KC_PROTOCOL
 #define KC_PROTOCOL "kernelcache-launcher/2"
