@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,3 +55,64 @@ def test_one_cpu_runs_them_one_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
         for a, b in (("host", "sm_90"), ("sm_90", "host"))
     ]
     assert preprocess.run_all(steps, dict(os.environ)) is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param('"/usr/local/cuda/bin"/gcc -E -x c++ "-I/a b/include" -o k.ii', id="nvcc"),
+        pytest.param("a  \t b\n c\r", id="blanks"),
+        pytest.param("'it''s' \"in 'single'\" 'in \"double\"'", id="quotes-in-quotes"),
+        pytest.param("a\"b c\"d e'f g'h", id="quotes-mid-word"),
+        pytest.param("\"\" '' x", id="empty-words"),
+        pytest.param(r'\a\ b "\\ \" \n \$" \'\\', id="backslashes"),
+        pytest.param("'\\'", id="backslash-in-single"),
+        pytest.param("", id="nothing"),
+        pytest.param('"unclosed', id="unclosed-double"),
+        pytest.param("'unclosed", id="unclosed-single"),
+        pytest.param("trailing\\", id="trailing-backslash"),
+        pytest.param('"ends in \\', id="backslash-ending-double"),
+    ],
+)
+def test_a_command_line_splits_as_shlex_splits_it(line: str) -> None:
+    """The dry run's lines are split without importing shlex (and re), word for word alike."""
+    try:
+        expected: list[str] | type[ValueError] = shlex.split(line)
+    except ValueError:
+        expected = ValueError
+    try:
+        found: list[str] | type[ValueError] = preprocess.split(line)
+    except ValueError:
+        found = ValueError
+    assert found == expected
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_every_line_of_a_real_dry_run_splits_as_shlex_splits_it(tmp_path: Path) -> None:
+    (tmp_path / "k.cu").write_text("#include <cuda_runtime.h>\n__global__ void k() {}\n")
+    keep = ["--keep", "--keep-dir", str(tmp_path), "-MD", "-MF", str(tmp_path / "k.d")]
+    args = ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_80,code=sm_80"]
+    proc = subprocess.run(
+        [
+            "nvcc",
+            *args,
+            "-c",
+            str(tmp_path / "k.cu"),
+            "-o",
+            str(tmp_path / "k.o"),
+            *keep,
+            "--dryrun",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [line[3:].strip() for line in proc.stderr.splitlines() if line.startswith("#$ ")]
+    assert len(lines) > 10
+    for line in lines:
+        assert preprocess.split(line) == shlex.split(line)
+    planned = preprocess.read_dryrun(proc.stderr.encode(), dict(os.environ))
+    assert planned is not None
+    assert len(planned[0]) == 3  # the host pass, then one per architecture
+    arch = [[w for w in words if w.startswith("-D__CUDA_ARCH__=")] for words in planned[0]]
+    assert arch == [[], ["-D__CUDA_ARCH__=800"], ["-D__CUDA_ARCH__=900"]]

@@ -21,21 +21,19 @@ nvcc's own passes left there (:func:`kept_files`).
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import subprocess
-import threading
-from typing import TYPE_CHECKING
+from hashlib import sha256
 
-from kernelcache.keys import sha256
+from kernelcache.nvcc import procs
 from kernelcache.nvcc.args import BASE_TOKEN, without_outputs
 
+# Not typing.TYPE_CHECKING, nor re, shlex or subprocess: an edit-and-rebuild's caller
+# imports this module (kernelcache.nvcc.compiling), and they cost it ~25 ms (issue 23).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from kernelcache.nvcc.args import Invocation
 
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 #: Variables of the dry run's preamble that the preprocessing commands need.
 _ENV_FROM_DRYRUN = ("PATH", "LD_LIBRARY_PATH")
 _TIMEOUT = 600
@@ -45,19 +43,10 @@ def _dryrun(
     nvcc: str, args: list[str], env: Mapping[str, str]
 ) -> tuple[list[list[str]], dict[str, str]] | None:
     """The ``-E`` steps nvcc prints for ``args`` (with ``--dryrun``) and their environment."""
-    try:
-        proc = subprocess.run(
-            [nvcc, *args, "--dryrun"],
-            capture_output=True,
-            env=dict(env),
-            timeout=_TIMEOUT,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+    ran = procs.run([nvcc, *args, "--dryrun"], env, timeout=_TIMEOUT)
+    if ran is None or ran[0] != 0:
         return None
-    if proc.returncode != 0:
-        return None
-    return read_dryrun(proc.stderr, env)
+    return read_dryrun(ran[2], env)
 
 
 def read_dryrun(
@@ -70,11 +59,12 @@ def read_dryrun(
         if not raw.startswith("#$ "):
             continue
         line = raw[3:].strip()
-        assignment = _ASSIGNMENT.match(line) is not None
+        name = line.partition("=")[0]
+        assignment = "=" in line and name.isascii() and name.isidentifier()
         if not assignment and " -E " not in line and '"-E"' not in line:
-            continue  # neither a variable nor a preprocessing step: not split (shlex is slow)
+            continue  # neither a variable nor a preprocessing step: not split
         try:
-            words = shlex.split(line)
+            words = split(line)
         except ValueError:
             return None  # a line we cannot read: no preprocessed key rather than a wrong one
         if len(words) == 1 and assignment:
@@ -188,26 +178,68 @@ def run_all(steps: list[list[str]], env: Mapping[str, str]) -> list[bytes] | Non
     pass and one pass per architecture cost their sum (2 x ~0.13 s for a small
     kernel, issue 23), where an edit-and-rebuild of one file leaves cores idle.
     """
-    results: list[bytes | None] = [None] * len(steps)
-    slots = threading.BoundedSemaphore(max(1, min(len(steps), os.cpu_count() or 1)))
+    ran = procs.run_all(steps, env, limit=os.cpu_count() or 1, timeout=_TIMEOUT)
+    outputs = [result[1] for result in ran if result is not None and result[0] == 0]
+    return outputs if len(outputs) == len(steps) else None  # else the compile will say why
 
-    def run(index: int) -> None:
-        with slots:
-            try:
-                proc = subprocess.run(
-                    steps[index], capture_output=True, env=dict(env), timeout=_TIMEOUT, check=False
+
+#: What separates words on a command line nvcc prints (``shlex``'s whitespace).
+_BLANKS = " \t\r\n"
+
+
+def split(line: str) -> list[str]:
+    """The words of a POSIX shell command line, exactly as ``shlex.split`` gives them:
+    quotes, and backslashes outside single quotes (within double quotes, only before
+    ``\\`` or ``"``). ``ValueError`` for an unclosed quote or a trailing backslash.
+    """
+    words: list[str] = []
+    word: list[str] = []
+    started = False  # a word begun, if only by an empty pair of quotes
+    i, n = 0, len(line)
+    while i < n:
+        c = line[i]
+        if c in _BLANKS:
+            if started:
+                words.append("".join(word))
+                word, started = [], False
+            i += 1
+            continue
+        started = True
+        if c == "\\":
+            if i + 1 == n:
+                raise ValueError("No escaped character")
+            word.append(line[i + 1])
+            i += 2
+        elif c == "'":
+            end = line.find("'", i + 1)
+            if end < 0:
+                raise ValueError("No closing quotation")
+            word.append(line[i + 1 : end])
+            i = end + 1
+        elif c == '"':
+            i += 1
+            while True:
+                end = min(
+                    (j for j in (line.find('"', i), line.find("\\", i)) if j >= 0), default=-1
                 )
-            except (OSError, subprocess.SubprocessError):
-                return
-            if proc.returncode == 0:  # else the compile will report it
-                results[index] = proc.stdout
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(steps))]
-    for thread in threads:
-        thread.start()
-    run(0)  # the first in this thread
-    for thread in threads:
-        thread.join()
-    if any(result is None for result in results):
-        return None
-    return [result for result in results if result is not None]
+                if end < 0:
+                    raise ValueError("No closing quotation")
+                word.append(line[i:end])
+                if line[end] == '"':
+                    i = end + 1
+                    break
+                if end + 1 < n and line[end + 1] in '"\\':
+                    word.append(line[end + 1])
+                    i = end + 2
+                else:
+                    word.append("\\")
+                    i = end + 1
+        else:
+            end = i + 1
+            while end < n and line[end] not in _BLANKS and line[end] not in "\\'\"":
+                end += 1
+            word.append(line[i:end])
+            i = end
+    if started:
+        words.append("".join(word))
+    return words
