@@ -165,6 +165,23 @@ def listening(cache_dir: Path) -> bool:
     return True
 
 
+def starting_or_running(cache_dir: Path) -> bool:
+    """Whether a server process for ``cache_dir`` exists, from the ``sh`` that starts it
+    (``kernelcache.nvcc.spawn``) to its exit: both name the module and the directory."""
+    wanted = (b"kernelcache.nvcc.server", os.fsencode(cache_dir))
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        if any(wanted[0] in word for word in words) and wanted[1] in words:
+            return True
+    return False
+
+
 def wait_for(condition: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
