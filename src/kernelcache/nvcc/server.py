@@ -14,7 +14,8 @@ written here; nvcc's stdout, stderr and status go back to the client. An
 uncacheable call is counted here and the client runs nvcc. A miss is planned
 here and compiled by the caller (:mod:`kernelcache.nvcc.compiling`: the
 caller preprocesses when a preprocessed key may hold the result, the server
-looks it up and stores the compile); anything else (a bad setting, no
+looks it up and stores the compile, answering the caller as soon as it has
+read what nvcc wrote); anything else (a bad setting, no
 answer) is the client's to run in-process. What it learns
 stays warm: the toolchain identities, the parsed settings, and the content
 digests of files whose stat signature is unchanged and old enough to trust.
@@ -61,6 +62,8 @@ from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kernelcache.entry import Entry
 
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
@@ -142,8 +145,9 @@ class Server:
             return True
         # Asked while the client waits: once answered, it may be gone.
         compiled = is_compiled_client(pid)
+        then = None  # what a store does once its client has its answer
         if request[0] == COMPILE and len(request) > 6:
-            reply, stay = self.compile_step(request[1:]), True
+            (reply, then), stay = self.compile_step(request[1:]), True
         elif request[0] != PROTOCOL:
             # A newer client's server takes over (its client starts it once
             # this one is gone); an older or unknown one is answered and this
@@ -157,6 +161,8 @@ class Server:
         key = (reply[0].decode(), compiled)
         self.answered[key] = self.answered.get(key, 0) + 1
         _send(conn, reply)
+        if then is not None:
+            _publish(then)
         return stay
 
     def report(self) -> str | None:
@@ -219,28 +225,27 @@ class Server:
         Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
         return [b"hit", b"0", result["stdout"], result["stderr"]]
 
-    def compile_step(self, request: list[bytes]) -> list[bytes]:
+    def compile_step(self, request: list[bytes]) -> tuple[list[bytes], Callable[[], None] | None]:
         """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan, lookup
-        or store."""
+        or store; with what to do once the client has the answer (a store's publishing)."""
         from kernelcache.nvcc import compiling
 
         step, fields = request[0], compiling.STEPS.get(request[0])
         if fields is None or len(request) < 1 + fields + 4:
-            return [b"fallback", b"malformed"]
+            return [b"fallback", b"malformed"], None
         found = self._prepare(request[1 + fields :])
         if isinstance(found, list):
-            return found
+            return found, None
         settings, job, cache = found
         try:
             if step == b"plan":
-                return self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
-                    cache, job
-                )
+                hit = self._hit(settings, job, lookup(cache.get, job))
+                return hit or compiling.plan(cache, job), None
             if step == b"lookup":
-                return compiling.lookup(settings, cache, job, request[1 : 1 + fields])
+                return compiling.lookup(settings, cache, job, request[1 : 1 + fields]), None
             return compiling.store(settings, cache, job, request[1 : 1 + fields])
         except (OSError, ValueError, KernelCacheError):
-            return [b"fallback", b"lookup"]
+            return [b"fallback", b"lookup"], None
 
     def _cache(self, settings: Settings) -> Cache:
         cache = self.caches.get(settings)
@@ -281,6 +286,19 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
 def _pair(item: bytes) -> tuple[str, str]:
     name, _, value = item.partition(b"=")
     return os.fsdecode(name), os.fsdecode(value)
+
+
+def _publish(then: Callable[[], None]) -> None:
+    """Store a compile whose client has its answer. A SIGTERM meanwhile (``kernelcache
+    server stop``, a test right after the call) waits until it is stored and counted."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        then()
+    except (OSError, ValueError, KernelCacheError) as exc:
+        # Its client has gone on: the entry is lost, said here, and counted nowhere.
+        print(f"kernelcache server: a compile was not stored: {exc!r}", file=sys.stderr)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _send(conn: socket.socket, items: list[bytes]) -> None:
