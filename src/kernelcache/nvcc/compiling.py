@@ -119,14 +119,18 @@ def _compile(
 
     args = [os.fsdecode(a) for a in planned]
     try:
-        keep_dir = procs.make_private_dir()
+        private = procs.make_private_dir()
     except OSError:
         return None  # no temporary directory: the in-process launcher says why
-    own_dep = keep_dir + ".d"  # beside it: nothing nvcc keeps is named so
+    # Both in this user's own new directory: nothing else can be named so.
+    keep_dir, own_dep = os.path.join(private, "keep"), os.path.join(private, "deps.d")
     try:
+        try:
+            posix.mkdir(keep_dir, 0o700)
+        except OSError:
+            return None
         extra = ["--keep", "--keep-dir", keep_dir]
         if own_md:
-            posix.close(posix.open(own_dep, posix.O_WRONLY | posix.O_CREAT | posix.O_EXCL, 0o600))
             extra = ["-MD", "-MF", own_dep, *extra]
         started = time.time_ns()  # as the in-process miss: an edit after it is a race
         # The dry run says which kept files its preprocessing passes wrote: asked beside
@@ -144,12 +148,7 @@ def _compile(
         client.ask(directory, call[0], call[1], [COMPILE, b"store", *fields, stdout, stderr])
         return status if status >= 0 else 128 - status
     finally:
-        procs.remove_tree(keep_dir)
-        if own_md:
-            try:  # noqa: SIM105 - contextlib costs this process more than its work
-                posix.unlink(own_dep)
-            except OSError:
-                pass  # nvcc replaced it and something removed that: nothing left to do
+        procs.remove_tree(private)
 
 
 # The server's side ---------------------------------------------------------------

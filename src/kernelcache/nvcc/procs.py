@@ -110,8 +110,16 @@ def _start(argv: Sequence[str], env: dict[str, str]) -> tuple[int, tuple[int, in
     program = _which(argv[0], env)
     if program is None:
         return FileNotFoundError(f"{argv[0]} is not on PATH")
-    out_r, out_w = os.pipe()  # not inherited: only the dup2'd ends reach the child
-    err_r, err_w = os.pipe()
+    try:
+        out_r, out_w = os.pipe()  # not inherited: only the dup2'd ends reach the child
+    except OSError as exc:
+        return exc
+    try:
+        err_r, err_w = os.pipe()
+    except OSError as exc:
+        os.close(out_r)
+        os.close(out_w)
+        return exc
     try:
         pid = os.posix_spawn(
             program,

@@ -288,17 +288,33 @@ def _pair(item: bytes) -> tuple[str, str]:
     return os.fsdecode(name), os.fsdecode(value)
 
 
+class _Term:
+    """SIGTERM's handler: exit at once, unless a store is being published (then after it)."""
+
+    publishing = False
+    pending = False
+
+    @classmethod
+    def handle(cls, signum: int, frame: object) -> None:
+        if cls.publishing:
+            cls.pending = True
+        else:
+            sys.exit(0)
+
+
 def _publish(then: Callable[[], None]) -> None:
     """Store a compile whose client has its answer. A SIGTERM meanwhile (``kernelcache
     server stop``, a test right after the call) waits until it is stored and counted."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    _Term.publishing = True
     try:
         then()
     except (OSError, ValueError, KernelCacheError) as exc:
         # Its client has gone on: the entry is lost, said here, and counted nowhere.
         print(f"kernelcache server: a compile was not stored: {exc!r}", file=sys.stderr)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        _Term.publishing = False
+    if _Term.pending:
+        sys.exit(0)
 
 
 def _send(conn: socket.socket, items: list[bytes]) -> None:
@@ -315,7 +331,7 @@ def main(argv: list[str]) -> int:
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    signal.signal(signal.SIGTERM, _Term.handle)
     try:
         # Stricter than the disk tier: this user's own, not even root's, since
         # a program runs from here. Nothing is written before this check.
