@@ -153,9 +153,6 @@ def print_stats(used: list[Cache]) -> None:
     for tier, row in totals.items():
         counts = f"hits {row['hits']:>4}  misses {row['misses']:>4}  puts {row['puts']:>4}"
         print(f"  {tier:<7} {counts}  entries {row['entries']}  bytes {row['bytes']}")
-    from kernelcache.nvcc import control
-
-    control.settle(str(cache.settings.dir))  # its server counts a compile after the call
     launcher = launcher_stats(cache.settings)
     if launcher:
         counts = "  ".join(

@@ -21,10 +21,6 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     from kernelcache.stats import totals as stats_file
 
     require_cache(settings, remote=True)
-    from kernelcache.nvcc import control
-
-    # The launcher's server stores and counts a compile after its call returned: let it finish.
-    control.settle(str(settings.dir))
     usage: dict[str, dict[str, Any]] = {}
     with open_cache(settings, write=False) as cache:
         directory = cache.stats_dir or settings.dir

@@ -16,8 +16,8 @@ answers with the exact nvcc command line, and this process:
 2. hands nvcc's stdout, stderr and status through, as nvcc gave them;
 3. sends the run to the server to *store* (:func:`store`: the same
    :func:`kernelcache.nvcc.miss.finish` as in-process, with every rule of a
-   miss), waits until the server has read what nvcc wrote, and removes its
-   temporary files; the server stores and counts the call meanwhile.
+   miss), waits for its answer (so the call is counted when it returns), and
+   removes its temporary files.
 
 A command whose result was stored under a preprocessed key before may be
 found under it again (a comment-only edit), so the server answers
@@ -44,8 +44,6 @@ from kernelcache.nvcc import client
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: its import costs each cold object ~10 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from kernelcache.cache import Cache
     from kernelcache.nvcc.job import Job
     from kernelcache.settings import Settings
@@ -194,37 +192,22 @@ def lookup(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> l
     return _compile_plan(job)
 
 
-def store(
-    settings: Settings, cache: Cache, job: Job, fields: list[bytes]
-) -> tuple[list[bytes], Callable[[], None] | None]:
-    """The answer to a client's compile once what it wrote is read, and what then caches
-    it (:func:`kernelcache.nvcc.miss.finish`) and counts it.
-
-    The server answers as soon as the outputs and temporary files are in memory
-    (:func:`kernelcache.nvcc.miss.collect`): the client removes its files and
-    returns to the build, while the server hashes the dependencies and stores
-    (~20-30 ms, issue 23: publish after handing the result back). It takes its
-    next request only after that, so a call right after this one finds the entry.
-    """
+def store(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> list[bytes]:
+    """Cache a client's compile (:func:`kernelcache.nvcc.miss.finish`) and count it."""
     from kernelcache.nvcc import miss, preprocess
     from kernelcache.nvcc.job import Outcome
 
     started, elapsed, status = int(fields[0]), float(fields[1]), int(fields[2])
     own_dep, keep_dir = os.fsdecode(fields[3]), os.fsdecode(fields[4])
     if status != 0:
-        Outcome("failed").record(settings)
-        return [b"stored", b"failed"], None
-    kept = preprocess.kept_in(preprocess.read_dryrun(fields[5], job.env), keep_dir)
-    produced = miss.collect(job, own_dep, kept)
-    if isinstance(produced, str):
-        Outcome("uncacheable", reason=produced).record(settings)
-        return [b"stored", b"uncacheable"], None
-    run = (fields[6], fields[7], elapsed)
-
-    def publish() -> None:
-        miss.finish(cache, job, None, produced, run, started).record(settings)
-
-    return [b"stored", b"read"], publish
+        outcome = Outcome("failed")
+    else:
+        kept = preprocess.kept_in(preprocess.read_dryrun(fields[5], job.env), keep_dir)
+        outcome = miss.finish(
+            cache, job, None, kept, (fields[6], fields[7], elapsed), own_dep, started
+        )
+    outcome.record(settings)
+    return [b"stored", outcome.event.encode()]
 
 
 def main(argv: list[str]) -> None:

@@ -21,7 +21,7 @@ LOG = "launcher.log"
 #: Held (flock) by the running server, which writes ``"PID IDLE\n"`` into it.
 LOCK = "launcher.lock"
 
-__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "idle_seconds", "running", "settle", "stop"]
+__all__ = ["DEFAULT_IDLE", "LOCK", "LOG", "idle_seconds", "running", "stop"]
 
 
 def idle_seconds(environ: dict[str, str] | os._Environ[str]) -> float:
@@ -50,35 +50,6 @@ def running(directory: str) -> tuple[int, float | None] | None:
         return int(fields[0]), idle
     except (IndexError, ValueError):
         return 0, None  # held, its pid not written yet (the server is starting)
-
-
-def settle(directory: str, timeout: float = 5.0) -> bool:
-    """Wait until the server of ``directory`` has done what it was asked before this call.
-
-    It answers a compile's client before it stores and counts the compile
-    (:func:`kernelcache.nvcc.compiling.store`), and takes one connection at a
-    time, in order: once it closes an empty one, the statistics hold every call
-    that returned before. ``False`` when no server runs or it did not answer.
-    """
-    import socket
-    import sys
-
-    server = running(directory)
-    if server is None:
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(os.path.join(directory, "launcher.sock"))
-            cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-            if int.from_bytes(cred[:4], sys.byteorder) != server[0]:
-                return False  # not the server holding the lock (one starting, or an impostor)
-            sock.shutdown(socket.SHUT_WR)  # an empty request: answered with nothing
-            while sock.recv(4096):
-                pass
-        except OSError:
-            return False
-    return True
 
 
 def stop(directory: str, timeout: float = 10.0) -> bool:

@@ -137,74 +137,31 @@ def _compile(
         replay(stdout, stderr)
         if proc.returncode != 0:
             return proc.returncode, Outcome("failed")
-        produced = collect(job, own_dep, kept)
-        if isinstance(produced, str):
-            return 0, Outcome("uncacheable", reason=produced)
-        return 0, finish(cache, job, pre, produced, (stdout, stderr, elapsed), started)
+        return 0, finish(cache, job, pre, kept, (stdout, stderr, elapsed), own_dep, started)
     finally:
         os.unlink(own_dep)
         if keep_dir is not None:
             shutil.rmtree(keep_dir, ignore_errors=True)
 
 
-class Produced:
-    """What a successful compile wrote, read as soon as it ended: its output, the dependency
-    files (the user's, and the launcher's own ``-MF``) and the files its preprocessing passes
-    kept (``--keep``; ``None``: no preprocessed key from them).
-
-    The launcher's server reads them before it answers the compiling process: after that
-    the build may rewrite the output, and the temporary files go with the caller.
-    """
-
-    __slots__ = ("kept", "output", "own_dep", "user_dep")
-
-    def __init__(
-        self, output: bytes, user_dep: bytes | None, own_dep: bytes | None, kept: list[bytes] | None
-    ) -> None:
-        self.output, self.user_dep, self.own_dep, self.kept = output, user_dep, own_dep, kept
-
-
-def collect(job: Job, own_dep: str, kept: list[str] | None) -> Produced | str:
-    """Read what the compile of ``job`` wrote (``own_dep``: the launcher's dependency file,
-    read without a user ``-MD``; ``kept``: the kept files' paths); else why it cannot be."""
-
-    def read(path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
-
-    inv = job.inv
-    try:
-        output = read(inv.output or "")
-        user_dep = read(inv.depfile) if inv.depfile is not None else None
-        own = read(own_dep) if inv.depmode is None else None
-    except OSError as exc:
-        return f"outputs or dependencies unreadable ({type(exc).__name__})"
-    try:
-        contents = None if kept is None else [read(path) for path in kept]
-    except OSError:
-        contents = None  # no preprocessed key: found by its direct key only
-    return Produced(output, user_dep, own, contents)
-
-
 def finish(
     cache: Cache,
     job: Job,
     pre: str | None,
-    produced: Produced,
+    kept: list[str] | None,
     run: tuple[bytes, bytes, float],
+    own_dep: str,
     started: int,
 ) -> Outcome:
     """Cache a successful compile (``run``: its stdout, stderr and seconds) and say how it went.
 
-    The kept files of ``produced``, when there are, give the preprocessed key;
-    the command is then marked as stored under one.
+    ``kept``: the files its preprocessing passes left (``--keep``), which give
+    the preprocessed key; the command is then marked as stored under one.
     """
-    if produced.kept is not None:
-        pre = nvcc_key.preprocessed_key(
-            job.command, [_hash_kept(text, job.basedir) for text in produced.kept]
-        )
-    why = _store(cache, job, pre, produced, run, started)
-    if why is None and produced.kept is not None:
+    if kept is not None:
+        pre = _kept_key(job, kept)
+    why = _store(cache, job, pre, run, own_dep, started)
+    if why is None and kept is not None and pre is not None:
         from kernelcache.entry import Entry
 
         cache.put(nvcc_key.seen_key(job.command), Entry({}))
@@ -217,10 +174,18 @@ def _plan_keep(job: Job, keep_dir: str) -> list[str] | None:
     return preprocess.kept_files(job.nvcc, job.args, keep_dir, job.env)
 
 
-def _hash_kept(text: bytes, basedir: str | None) -> str:
+def _kept_key(job: Job, kept: list[str]) -> str | None:
+    """The preprocessed key from the files a ``--keep`` compile left, or ``None``."""
     from kernelcache.nvcc import preprocess
 
-    return preprocess.hash_output(text, basedir)
+    digests = []
+    for path in kept:
+        try:
+            with open(path, "rb") as f:
+                digests.append(preprocess.hash_output(f.read(), job.basedir))
+        except OSError:
+            return None
+    return nvcc_key.preprocessed_key(job.command, digests)
 
 
 def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
@@ -249,18 +214,24 @@ def _store(
     cache: Cache,
     job: Job,
     pre: str | None,
-    produced: Produced,
     run: tuple[bytes, bytes, float],
+    own_dep: str,
     started: int,
 ) -> str | None:
     """Cache a successful compile; returns why it was not cached, or ``None``."""
     from kernelcache.entry import Entry
 
     inv = job.inv
-    output, user_dep = produced.output, produced.user_dep
     try:
-        if produced.own_dep is not None:
-            full = produced.own_dep
+        with open(inv.output or "", "rb") as f:
+            output = f.read()
+        user_dep = None
+        if inv.depfile is not None:
+            with open(inv.depfile, "rb") as f:
+                user_dep = f.read()
+        if inv.depmode is None:
+            with open(own_dep, "rb") as f:
+                full = f.read()
         elif inv.depmode == "-MMD":
             full = _system_deps(job)
         else:

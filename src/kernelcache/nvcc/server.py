@@ -14,8 +14,7 @@ written here; nvcc's stdout, stderr and status go back to the client. An
 uncacheable call is counted here and the client runs nvcc. A miss is planned
 here and compiled by the caller (:mod:`kernelcache.nvcc.compiling`: the
 caller preprocesses when a preprocessed key may hold the result, the server
-looks it up and stores the compile, answering the caller as soon as it has
-read what nvcc wrote); anything else (a bad setting, no
+looks it up and stores the compile); anything else (a bad setting, no
 answer) is the client's to run in-process. What it learns
 stays warm: the toolchain identities, the parsed settings, and the content
 digests of files whose stat signature is unchanged and old enough to trust.
@@ -62,8 +61,6 @@ from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from kernelcache.entry import Entry
 
 #: Settings a server keeps a Cache open for (a client may set KERNELCACHE_REMOTE, ...).
@@ -145,9 +142,8 @@ class Server:
             return True
         # Asked while the client waits: once answered, it may be gone.
         compiled = is_compiled_client(pid)
-        then = None  # what a store does once its client has its answer
         if request[0] == COMPILE and len(request) > 6:
-            (reply, then), stay = self.compile_step(request[1:]), True
+            reply, stay = self.compile_step(request[1:]), True
         elif request[0] != PROTOCOL:
             # A newer client's server takes over (its client starts it once
             # this one is gone); an older or unknown one is answered and this
@@ -161,8 +157,6 @@ class Server:
         key = (reply[0].decode(), compiled)
         self.answered[key] = self.answered.get(key, 0) + 1
         _send(conn, reply)
-        if then is not None:
-            _publish(then)
         return stay
 
     def report(self) -> str | None:
@@ -225,27 +219,28 @@ class Server:
         Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
         return [b"hit", b"0", result["stdout"], result["stderr"]]
 
-    def compile_step(self, request: list[bytes]) -> tuple[list[bytes], Callable[[], None] | None]:
+    def compile_step(self, request: list[bytes]) -> list[bytes]:
         """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan, lookup
-        or store; with what to do once the client has the answer (a store's publishing)."""
+        or store."""
         from kernelcache.nvcc import compiling
 
         step, fields = request[0], compiling.STEPS.get(request[0])
         if fields is None or len(request) < 1 + fields + 4:
-            return [b"fallback", b"malformed"], None
+            return [b"fallback", b"malformed"]
         found = self._prepare(request[1 + fields :])
         if isinstance(found, list):
-            return found, None
+            return found
         settings, job, cache = found
         try:
             if step == b"plan":
-                hit = self._hit(settings, job, lookup(cache.get, job))
-                return hit or compiling.plan(cache, job), None
+                return self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
+                    cache, job
+                )
             if step == b"lookup":
-                return compiling.lookup(settings, cache, job, request[1 : 1 + fields]), None
+                return compiling.lookup(settings, cache, job, request[1 : 1 + fields])
             return compiling.store(settings, cache, job, request[1 : 1 + fields])
         except (OSError, ValueError, KernelCacheError):
-            return [b"fallback", b"lookup"], None
+            return [b"fallback", b"lookup"]
 
     def _cache(self, settings: Settings) -> Cache:
         cache = self.caches.get(settings)
@@ -288,35 +283,6 @@ def _pair(item: bytes) -> tuple[str, str]:
     return os.fsdecode(name), os.fsdecode(value)
 
 
-class _Term:
-    """SIGTERM's handler: exit at once, unless a store is being published (then after it)."""
-
-    publishing = False
-    pending = False
-
-    @classmethod
-    def handle(cls, signum: int, frame: object) -> None:
-        if cls.publishing:
-            cls.pending = True
-        else:
-            sys.exit(0)
-
-
-def _publish(then: Callable[[], None]) -> None:
-    """Store a compile whose client has its answer. A SIGTERM meanwhile (``kernelcache
-    server stop``, a test right after the call) waits until it is stored and counted."""
-    _Term.publishing = True
-    try:
-        then()
-    except (OSError, ValueError, KernelCacheError) as exc:
-        # Its client has gone on: the entry is lost, said here, and counted nowhere.
-        print(f"kernelcache server: a compile was not stored: {exc!r}", file=sys.stderr)
-    finally:
-        _Term.publishing = False
-    if _Term.pending:
-        sys.exit(0)
-
-
 def _send(conn: socket.socket, items: list[bytes]) -> None:
     with contextlib.suppress(OSError):  # the client gave up: it compiles by itself
         conn.sendall(pack(items))
@@ -331,7 +297,7 @@ def main(argv: list[str]) -> int:
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
-    signal.signal(signal.SIGTERM, _Term.handle)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         # Stricter than the disk tier: this user's own, not even root's, since
         # a program runs from here. Nothing is written before this check.
