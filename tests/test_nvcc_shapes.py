@@ -338,3 +338,42 @@ def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Pat
     assert sum(n for k, n in counts.items() if k.endswith(" preprocess")) == 2, counts
     assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 2, counts
     assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 2, counts
+
+
+def test_without_the_preprocessed_key_a_miss_is_still_compiled_by_the_caller(
+    tmp_path: Path,
+) -> None:
+    """``KERNELCACHE_NVCC_PREPROCESSED=0`` (ccache's depend mode) skips the preprocessing after
+    a direct miss; it used to skip the server's plan too, and every miss then started the
+    in-process launcher (the whole cache imported, ~0.25 s of CPU; issue 23). Now the
+    caller compiles without ``--keep`` and the server stores the result under the direct
+    key and its inputs."""
+    tool = Launcher(make_bin(tmp_path / "bin"), tmp_path / "cache")
+    tool.env["KERNELCACHE_NVCC_PREPROCESSED"] = "0"
+    start_server(tool.cache_dir, tool.env)
+    kernel = KERNEL.replace("scale", "depend")
+    root = project(tmp_path / "p", kernel)
+    args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
+    try:
+        for source in (kernel, kernel + "// a comment\n"):  # first compile, then an edit
+            (root / "k.cu").write_text(source)
+            time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
+            before = stats(tool.cache_dir)
+            proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
+            assert proc.returncode == 0, proc.stderr
+            imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
+            assert not any(b"kernelcache.cache" in line for line in imported)
+            after = stats(tool.cache_dir)
+            assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 0)
+        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
+        assert plain.returncode == 0
+        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
+            (root / "plain.o").read_bytes()
+        )
+        assert tool.outcome(args, root) == "server hit"
+    finally:
+        stop_server(tool.cache_dir)
+    counts = answered(tool.cache_dir)
+    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 2, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 2, counts
+    assert sum(n for k, n in counts.items() if k.endswith(" preprocess")) == 0, counts

@@ -28,6 +28,9 @@ the result stored under them, as a direct hit, or plans the compile above.
 An edit-and-rebuild used to start the in-process launcher here, whose import
 of the whole cache and second direct lookup cost ~0.2 s per rebuilt file.
 
+With ``KERNELCACHE_NVCC_PREPROCESSED=0`` nothing is preprocessed: every miss is
+planned as a compile without ``--keep``, stored under the direct key and its inputs.
+
 Anything else (no server, another answer) returns ``None``: the in-process
 launcher runs the call, correct without any server. A store that is lost
 (the server died) loses only the entry.
@@ -49,7 +52,8 @@ if TYPE_CHECKING:
     from kernelcache.settings import Settings
 
 #: The protocol of these requests: ``[COMPILE, step, fields..., cwd, dir, umask, argc, argv..., env...]``.
-COMPILE = b"kernelcache-launcher-compile/1"
+#: 2: the ``compile`` answer says whether to keep the preprocessed files.
+COMPILE = b"kernelcache-launcher-compile/2"
 #: Seconds a plan is waited for at most (a warm server answers in milliseconds).
 PLAN_TIMEOUT = 2.0
 #: How many fields each step carries before the request proper.
@@ -84,10 +88,10 @@ def run(argv: list[str]) -> int | None:
         except OSError as exc:
             client.write_all(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
             return 127
-    if not reply or reply[0] != b"compile" or len(reply) < 3:
+    if not reply or reply[0] != b"compile" or len(reply) < 4:
         return None
     nvcc = os.fsdecode(reply[1])
-    return _compile(directory, (args, cwd), nvcc, reply[2] == b"1", reply[3:])
+    return _compile(directory, (args, cwd), nvcc, (reply[2] == b"1", reply[3] == b"1"), reply[4:])
 
 
 def _lookup(
@@ -111,10 +115,17 @@ def _lookup(
 
 
 def _compile(
-    directory: bytes, call: tuple[list[bytes], bytes], nvcc: str, own_md: bool, planned: list[bytes]
+    directory: bytes,
+    call: tuple[list[bytes], bytes],
+    nvcc: str,
+    how: tuple[bool, bool],
+    planned: list[bytes],
 ) -> int | None:
+    """Run the planned compile (``how``: with the launcher's own ``-MD``, keeping the
+    preprocessed files) and send it to the server to store; nvcc's status."""
     from kernelcache.nvcc import procs
 
+    own_md, keep = how
     args = [os.fsdecode(a) for a in planned]
     try:
         private = procs.make_private_dir()
@@ -127,22 +138,24 @@ def _compile(
             posix.mkdir(keep_dir, 0o700)
         except OSError:
             return None
-        extra = ["--keep", "--keep-dir", keep_dir]
-        if own_md:
-            extra = ["-MD", "-MF", own_dep, *extra]
+        kept = ["--keep", "--keep-dir", keep_dir]
+        extra = [*(["-MD", "-MF", own_dep] if own_md else []), *(kept if keep else [])]
         started = time.time_ns()  # as the in-process miss: an edit after it is a race
         # The dry run says which kept files its preprocessing passes wrote: asked beside
         # the compile, which it does not slow down (~10 ms of a second's work).
-        ran, asked = procs.run_all([[nvcc, *args, *extra], [nvcc, *args, *extra[-3:], "--dryrun"]])
+        commands = [[nvcc, *args, *extra]]
+        if keep:
+            commands.append([nvcc, *args, *kept, "--dryrun"])
+        ran, *asked = procs.run_all(commands)
         elapsed = (time.time_ns() - started) / 1e9
         assert ran is not None  # no timeout was given
-        assert asked is not None
         status, stdout, stderr = ran
-        dryrun = asked[2] if asked[0] == 0 else b""
+        dryrun = asked[0][2] if asked and asked[0] is not None and asked[0][0] == 0 else b""
         client.write_all(1, stdout)
         client.write_all(2, stderr)
         fields = [b"%d" % started, repr(elapsed).encode(), b"%d" % status]
-        fields += [os.fsencode(own_dep if own_md else ""), os.fsencode(keep_dir), dryrun]
+        fields += [os.fsencode(own_dep if own_md else ""), os.fsencode(keep_dir if keep else "")]
+        fields.append(dryrun)
         client.ask(directory, call[0], call[1], [COMPILE, b"store", *fields, stdout, stderr])
         return status if status >= 0 else 128 - status
     finally:
@@ -159,7 +172,7 @@ def plan(cache: Cache, job: Job) -> list[bytes]:
     from kernelcache.nvcc import preprocess
 
     if not nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
-        return [b"fallback", b"miss"]
+        return _compile_plan(job, keep=False)  # stored under the direct key and its inputs
     if cache.get(nvcc_key.seen_key(job.command)) is not None:
         # The preprocessing runs in the client, beside the build's other jobs (this server
         # answers one request at a time); the lookup comes back as its own step.
@@ -169,9 +182,12 @@ def plan(cache: Cache, job: Job) -> list[bytes]:
     return _compile_plan(job)
 
 
-def _compile_plan(job: Job) -> list[bytes]:
+def _compile_plan(job: Job, keep: bool = True) -> list[bytes]:
+    """``compile``, nvcc, whether to add the launcher's own ``-MD``, whether to keep the
+    preprocessed files (which give the preprocessed key), then nvcc's arguments."""
     own_md = b"1" if job.inv.depmode is None else b"0"
-    return [b"compile", os.fsencode(job.nvcc), own_md, *map(os.fsencode, job.args)]
+    flags = [own_md, b"1" if keep else b"0"]
+    return [b"compile", os.fsencode(job.nvcc), *flags, *map(os.fsencode, job.args)]
 
 
 def lookup(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> list[bytes]:
@@ -202,7 +218,9 @@ def store(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> li
     if status != 0:
         outcome = Outcome("failed")
     else:
-        kept = preprocess.kept_in(preprocess.read_dryrun(fields[5], job.env), keep_dir)
+        kept = None  # not kept (KERNELCACHE_NVCC_PREPROCESSED=0): no preprocessed key
+        if keep_dir:
+            kept = preprocess.kept_in(preprocess.read_dryrun(fields[5], job.env), keep_dir)
         outcome = miss.finish(
             cache, job, None, kept, (fields[6], fields[7], elapsed), own_dep, started
         )
