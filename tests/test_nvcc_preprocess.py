@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,15 +77,15 @@ def test_one_cpu_runs_them_one_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
 )
 def test_a_command_line_splits_as_shlex_splits_it(line: str) -> None:
     """The dry run's lines are split without importing shlex (and re), word for word alike."""
+    assert _words(preprocess.split, line) == _words(shlex.split, line)
+
+
+def _words(split: Callable[[str], list[str]], line: str) -> list[str] | type[ValueError]:
+    """The words ``split`` finds in ``line``, or ``ValueError`` if it refuses the line."""
     try:
-        expected: list[str] | type[ValueError] = shlex.split(line)
+        return split(line)
     except ValueError:
-        expected = ValueError
-    try:
-        found: list[str] | type[ValueError] = preprocess.split(line)
-    except ValueError:
-        found = ValueError
-    assert found == expected
+        return ValueError
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

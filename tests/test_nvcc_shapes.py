@@ -252,6 +252,30 @@ def test_a_first_compile_preprocesses_no_more_than_plain_nvcc(
     assert after.get("preprocessed_hits", 0) == before.get("preprocessed_hits", 0) + 1
 
 
+def _imported(proc: subprocess.CompletedProcess[bytes]) -> set[bytes]:
+    """The modules a call's process imported (its ``PYTHONPROFILEIMPORTTIME`` lines)."""
+    lines = proc.stderr.splitlines()
+    return {line.rsplit(b"|", 1)[1].strip() for line in lines if b"import time:" in line}
+
+
+def _same_as_plain_nvcc(root: Path, args: list[str]) -> None:
+    """``k.o`` is what plain nvcc writes for the same compile (up to the file symbol)."""
+    plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
+    assert plain.returncode == 0
+    assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
+        (root / "plain.o").read_bytes()
+    )
+
+
+def _answers(cache_dir: Path) -> dict[str, int]:
+    """How many answers of each kind the server gave, both clients together."""
+    counts: dict[str, int] = {}
+    for key, n in answered(cache_dir).items():
+        kind = key.rsplit(" ", 1)[1]
+        counts[kind] = counts.get(kind, 0) + n
+    return counts
+
+
 def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path: Path) -> None:
     """A cold miss imports no cache in a new process: the warm server plans and stores it.
 
@@ -270,27 +294,19 @@ def test_a_first_compile_is_run_by_the_caller_and_stored_by_the_server(tmp_path:
         proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1", **quiet)
         assert proc.returncode == 0, proc.stderr
         assert stats(tool.cache_dir)["misses"] == before["misses"] + 1
-        imported = [
-            line.rsplit(b"|", 1)[1].strip()
-            for line in proc.stderr.splitlines()
-            if b"import time:" in line
-        ]
+        imported = _imported(proc)
         assert b"kernelcache.nvcc.compiling" in imported
         assert b"kernelcache.nvcc.procs" in imported
         # Neither the cache nor what the caller's ~20 ms of imports used to be (issue 23).
         heavy = {b"kernelcache.cache", b"subprocess", b"tempfile", b"shutil", b"typing", b"runpy"}
-        assert not heavy & set(imported), imported
-        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
-        assert plain.returncode == 0
-        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
-            (root / "plain.o").read_bytes()
-        )
+        assert not heavy & imported, imported
+        _same_as_plain_nvcc(root, args)
         assert tool.outcome(args, root) == "server hit"
     finally:
         stop_server(tool.cache_dir)
-    counts = answered(tool.cache_dir)
-    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 1, counts
-    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 1, counts
+    counts = _answers(tool.cache_dir)
+    assert counts.get("compile", 0) == 1, counts
+    assert counts.get("stored", 0) == 1, counts
 
 
 def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Path) -> None:
@@ -315,8 +331,7 @@ def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Pat
         before = stats(tool.cache_dir)
         proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
         assert proc.returncode == 0, proc.stderr
-        imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
-        assert not any(b"kernelcache.cache" in line for line in imported)
+        assert b"kernelcache.cache" not in _imported(proc)
         after = stats(tool.cache_dir)
         return proc, {k: after[k] - before[k] for k in after}
 
@@ -326,18 +341,14 @@ def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Pat
         assert (counted["hits"], counted["preprocessed_hits"], counted["misses"]) == (1, 1, 0)
         _, counted = rebuilt(kernel.replace("x[threadIdx.x])", "x[threadIdx.x]) + 1.0f"))
         assert (counted["hits"], counted["misses"]) == (0, 1)
-        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
-        assert plain.returncode == 0
-        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
-            (root / "plain.o").read_bytes()
-        )
+        _same_as_plain_nvcc(root, args)
         assert tool.outcome(args, root) == "server hit"  # stored under its new key
     finally:
         stop_server(tool.cache_dir)
-    counts = answered(tool.cache_dir)
-    assert sum(n for k, n in counts.items() if k.endswith(" preprocess")) == 2, counts
-    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 2, counts
-    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 2, counts
+    counts = _answers(tool.cache_dir)
+    assert counts.get("preprocess", 0) == 2, counts
+    assert counts.get("compile", 0) == 2, counts
+    assert counts.get("stored", 0) == 2, counts
 
 
 def test_without_the_preprocessed_key_a_miss_is_still_compiled_by_the_caller(
@@ -361,19 +372,14 @@ def test_without_the_preprocessed_key_a_miss_is_still_compiled_by_the_caller(
             before = stats(tool.cache_dir)
             proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
             assert proc.returncode == 0, proc.stderr
-            imported = [line for line in proc.stderr.splitlines() if b"import time:" in line]
-            assert not any(b"kernelcache.cache" in line for line in imported)
+            assert b"kernelcache.cache" not in _imported(proc)
             after = stats(tool.cache_dir)
             assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 0)
-        plain = subprocess.run(["nvcc", *args[:3], "-o", "plain.o", "-MD"], cwd=root)
-        assert plain.returncode == 0
-        assert without_file_symbol((root / "k.o").read_bytes()) == without_file_symbol(
-            (root / "plain.o").read_bytes()
-        )
+        _same_as_plain_nvcc(root, args)
         assert tool.outcome(args, root) == "server hit"
     finally:
         stop_server(tool.cache_dir)
-    counts = answered(tool.cache_dir)
-    assert sum(n for k, n in counts.items() if k.endswith(" compile")) == 2, counts
-    assert sum(n for k, n in counts.items() if k.endswith(" stored")) == 2, counts
-    assert sum(n for k, n in counts.items() if k.endswith(" preprocess")) == 0, counts
+    counts = _answers(tool.cache_dir)
+    assert counts.get("compile", 0) == 2, counts
+    assert counts.get("stored", 0) == 2, counts
+    assert counts.get("preprocess", 0) == 0, counts
