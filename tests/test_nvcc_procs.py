@@ -67,12 +67,17 @@ def test_sigpipe_is_back_to_its_default_in_the_child() -> None:
 
 
 def test_at_most_limit_run_at_once(tmp_path: Path) -> None:
-    """Each command holds a lock directory for a while: with a limit of 1 none collides;
-    without one, they run side by side and all but one find it taken."""
-    hold = f'mkdir "{tmp_path}/held" || exit 9; sleep 0.5; rmdir "{tmp_path}/held"'
-    commands = [["sh", "-c", hold]] * 3
-    assert [r[0] for r in procs.run_all(commands, limit=1) if r] == [0, 0, 0]
-    assert sorted(r[0] for r in procs.run_all(commands) if r) == [0, 9, 9]
+    """With a limit of 1, commands that each hold a lock directory for a while never
+    collide; without one, commands that each wait (up to 10 s) until all three have
+    started all meet, which one at a time they could not."""
+    hold = f'mkdir "{tmp_path}/held" || exit 9; sleep 0.3; rmdir "{tmp_path}/held"'
+    assert [r[0] for r in procs.run_all([["sh", "-c", hold]] * 3, limit=1) if r] == [0, 0, 0]
+    meet = (
+        f'touch "{tmp_path}/started-$$"; i=0; '
+        f'while [ "$(ls "{tmp_path}" | grep -c started-)" -lt 3 ]; do '
+        "i=$((i + 1)); [ $i -gt 1000 ] && exit 9; sleep 0.01; done"
+    )
+    assert [r[0] for r in procs.run_all([["sh", "-c", meet]] * 3) if r] == [0, 0, 0]
 
 
 def test_a_timeout_kills_and_reaps_what_still_runs(tmp_path: Path) -> None:
