@@ -11,7 +11,8 @@ a compile long enough for a race). With GO_FILE, the child waits for that file
 (the parent releases several children at once). With KC_TEST_SAVE_ARTIFACTS
 set, it writes torch's Mega-Cache blob there. Its last line of output
 is a JSON report: torch's cache counters, kernelcache.inductor.stats(), the C++
-build hooks' counters, and whether outputs and gradients equal eager mode's.
+build hooks' counters, whether outputs and gradients equal eager mode's, and the
+compile seconds the cache counted against those its entries hold.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -66,10 +68,12 @@ def main(argv: list[str]) -> dict[str, Any]:
     if len(argv) > 1:
         children.wait_for(argv[1])
     equal = []
+    start = time.perf_counter()
     if mode in ("infer", "both"):
         equal.append(infer())
     if mode in ("train", "both"):
         equal.append(train())
+    seconds = time.perf_counter() - start
     if save := os.environ.get("KC_TEST_SAVE_ARTIFACTS"):
         saved = torch.compiler.save_cache_artifacts()
         assert saved is not None
@@ -81,7 +85,23 @@ def main(argv: list[str]) -> dict[str, Any]:
         "aot": dict(counters["aot_autograd"]),
         "kc": kci.stats(),
         "cpp": cpp.stats(),
+        # The compiled calls' wall time, the compile time the cache's statistics count,
+        # and the compile times its entries hold.
+        "seconds": seconds,
+        "compile": kci.get_cache().compile_stats() if kci.installed() else {},
+        "stored_seconds": stored_seconds() if kci.installed() else 0.0,
     }
+
+
+def stored_seconds() -> float:
+    """The sum of the ``compile_seconds`` that the local tier's entries hold."""
+    total = 0.0
+    for tier in kci.get_cache().tiers:
+        if tier.local_dir is not None:
+            for info in tier.scan():
+                entry = tier.get(info.key)
+                total += float(entry.meta.get("compile_seconds", 0.0)) if entry else 0.0
+    return total
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
+from kernelcache.singleflight import Claim
+from kernelcache.stats.totals import read_totals
 from kernelcache.stores.base import FlightLock, Store
 
 WORKER = str(Path(__file__).with_name("sf_worker.py"))
@@ -373,3 +375,58 @@ def test_waiter_compiles_itself_when_a_live_holder_is_stuck(tmp_path: Path) -> N
     finally:
         holder.kill()
         holder.communicate(timeout=10)
+
+
+def _cache_in(path: Path) -> Cache:
+    return Cache([MemoryStore(), DiskStore(str(path))])
+
+
+def test_a_compile_inside_another_is_counted_once(tmp_path: Path) -> None:
+    """torch's AOTAutograd compile holds its FX graph's, which holds its C++ builds':
+    each entry keeps its whole time, the statistics count each second once."""
+    cache = _cache_in(tmp_path)
+    with cache.claim("outer") as outer:
+        with cache.claim("middle") as middle:
+            with cache.claim("inner") as inner:
+                inner.publish(b"i", seconds=1.0)
+            middle.publish(b"m", seconds=2.5)
+        stored = outer.publish(b"o", seconds=4.0)
+    with cache.claim("after") as after:  # not inside any: counted whole
+        after.publish(b"a", seconds=0.5)
+    assert stored.meta["compile_seconds"] == 4.0
+    assert cache.get("middle").meta["compile_seconds"] == 2.5  # type: ignore[union-attr]
+    stats = cache.compile_stats()
+    assert stats["compiles"] == 4
+    assert stats["compile_seconds"] == 4.5
+
+
+def test_compiles_nest_only_within_their_own_statistics_and_thread(tmp_path: Path) -> None:
+    a, b = _cache_in(tmp_path / "a"), _cache_in(tmp_path / "b")
+    same_dir = _cache_in(tmp_path / "a")  # another Cache, the same totals as a's
+    with a.claim("outer") as outer:
+        with b.claim("elsewhere") as elsewhere:  # another directory: its own statistics
+            elsewhere.publish(b"e", seconds=1.0)
+        with same_dir.claim("beside") as beside:
+            beside.publish(b"s", seconds=0.5)
+        other: list[Claim] = []
+        thread = threading.Thread(target=lambda: other.append(a.claim("threaded")))
+        thread.start()
+        thread.join()
+        other[0].publish(b"t", seconds=0.25)  # led by another thread: not inside outer
+        outer.publish(b"o", seconds=2.0)
+    assert b.compile_stats()["compile_seconds"] == 1.0
+    assert same_dir.compile_stats()["compile_seconds"] == 0.5
+    assert a.compile_stats()["compile_seconds"] == 1.5 + 0.25
+    for cache in (a, same_dir):
+        cache.flush_stats()
+    # Through the directory's totals: outer's 2 s, of which 0.5 s are beside's, plus 0.25 s.
+    assert read_totals(str(tmp_path / "a"))["lifetime"]["compile"]["compile_seconds"] == 2.25
+
+
+def test_an_abandoned_compile_inside_leaves_the_outer_whole(tmp_path: Path) -> None:
+    cache = _cache_in(tmp_path)
+    with cache.claim("outer") as outer:
+        with cache.claim("inner"):
+            pass  # left without a publish: abandoned, counted nowhere
+        outer.publish(b"o", seconds=3.0)
+    assert cache.compile_stats() == {**cache.compile_stats(), "compiles": 1, "compile_seconds": 3.0}

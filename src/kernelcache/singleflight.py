@@ -23,6 +23,7 @@ start over and one of them compiles. Failures are never cached. (PyTorch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -45,9 +46,40 @@ _LONGEST_WAIT = threading.TIMEOUT_MAX
 class Events(Protocol):
     """Where single-flight reports what happened (the Cache's statistics)."""
 
+    #: The directory whose totals these events merge into (``None``: this process only).
+    directory: str | None
+
     def count(self, name: str, amount: float = 1) -> None: ...
 
     def compiled(self, seconds: float) -> None: ...
+
+
+def _same_totals(a: Events, b: Events) -> bool:
+    """Whether two Caches' events add up in the same statistics."""
+    return a is b or (a.directory is not None and a.directory == b.directory)
+
+
+class _Lead:
+    """An open claim as its thread's list holds it: the statistics it counts into, and
+    the seconds of the compiles published inside it (counted there already)."""
+
+    __slots__ = ("events", "inner")
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.inner = 0.0
+
+
+# The claims each thread leads, outermost first. A compile can run inside another's
+# claim: torch's AOTAutograd compile holds its FX graph's, which holds its C++ builds'.
+_leading = threading.local()
+
+
+def _leading_here() -> list[_Lead]:
+    leads: list[_Lead] | None = getattr(_leading, "leads", None)
+    if leads is None:
+        leads = _leading.leads = []
+    return leads
 
 
 class Flight:
@@ -125,6 +157,7 @@ _tables: weakref.WeakSet[Flights] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     for table in list(_tables):
         table.reset()
+    _leading.leads = []  # the parent's claims are not the child's to publish
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -225,6 +258,12 @@ class Claim:
         self._locks = list(locks)
         self._started = time.perf_counter()
         self._open = entry is None
+        self._thread = threading.get_ident()
+        self._lead = _Lead(owner.events)
+        # The leading thread's list: whichever thread closes the claim takes it out.
+        self._leads: list[_Lead] = _leading_here() if self._open else []
+        if self._open:
+            self._leads.append(self._lead)
 
     def __repr__(self) -> str:
         state = "found" if self.entry is not None else "open" if self._open else "closed"
@@ -257,8 +296,10 @@ class Claim:
             raise RuntimeError(f"{self!r} has nothing to publish")
         try:
             elapsed = time.perf_counter() - self._started if seconds is None else seconds
+            # The entry keeps the whole time (a hit saves all of it); the statistics count
+            # each second once.
             entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
-            self._owner.events.compiled(elapsed)
+            self._owner.events.compiled(self._own_seconds(elapsed))
             # Waiters get the entry as stored (its path() files inside the disk
             # tier), after the write: a few hundred microseconds next to a compile.
             entry = self._owner.store(self.key, entry)
@@ -272,13 +313,31 @@ class Claim:
         if self._open:
             self._close(None)
 
+    def _own_seconds(self, elapsed: float) -> float:
+        """``elapsed`` less the compiles published inside this claim; the claim this
+        one runs inside (the nearest of this thread's counting into the same
+        statistics) is told, so that it leaves these seconds out in turn."""
+        lead, leads = self._lead, self._leads
+        if threading.get_ident() == self._thread and lead in leads:  # nested in its own thread
+            for outer in reversed(leads[: leads.index(lead)]):
+                if _same_totals(outer.events, lead.events):
+                    outer.inner += elapsed
+                    break
+        return max(0.0, elapsed - lead.inner)
+
     def _close(self, entry: Entry | None) -> None:
         self._open = False
+        self._leave()
         if self._flight is not None:
             self._owner.flights.land(self.key, self._flight, entry)
             self._flight = None
         locks, self._locks = self._locks, []
         _release(locks)
+
+    def _leave(self) -> None:
+        # list.remove is one atomic step, so another thread may close the claim.
+        with contextlib.suppress(ValueError):
+            self._leads.remove(self._lead)
 
     def __enter__(self) -> Claim:
         return self
