@@ -18,7 +18,10 @@
 4. The stampede: N = 2, 4, 8 spawned processes, barrier-aligned, compiling the
    same 8 kernel variants into one fresh cache, Triton's FileCacheManager vs
    kernelcache: real compiles per variant and wall time (``--quick``: N = 2,
-   4 and 4 variants; on 2 cores the full run takes minutes).
+   4 and 4 variants; on 2 cores the full run takes minutes). With
+   ``--warm-processes`` each process first compiles a kernel of its own, so
+   Triton's one-time start-up in a process is left out: with spare cores, the
+   processes that lead kernelcache's compiles one after another pay it in turn.
 
 Medians of interleaved rounds; ratio = kernelcache / peer (< 1 is faster).
 """
@@ -242,9 +245,12 @@ def bench_handles(tmp: Path, rounds: int) -> None:
     use_manager(None)
 
 
-def bench_stampede(tmp: Path, counts: list[int], variants: int) -> None:
+def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = False) -> None:
     """N spawned processes, barrier-aligned, compiling the same variants into one fresh cache."""
-    print(f"Stampede: N processes compile the same {variants} kernel variants at once")
+    started = (
+        "warm processes (each compiled a kernel of its own first)" if warm else "new processes"
+    )
+    print(f"Stampede: N {started} compile the same {variants} kernel variants at once")
     print("  (compiles counted by tl.static_print; wall: barrier to the last process done)")
     print(f"  {'N':>2}  {'manager':<18} {'compiles/variant':>16} {'max':>4} {'wall s':>8}")
     stampede = str(HERE.parent / "tests" / "triton_stampede.py")
@@ -263,6 +269,8 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int) -> None:
                 env["TRITON_CACHE_MANAGER"] = manager
             variant_ids = list(range(1, variants + 1))
             opts = {"variants": variant_ids, "barrier": str(folder / "barrier"), "parties": n}
+            if warm:
+                opts["warm"] = True
             procs = [
                 subprocess.Popen(
                     [sys.executable, stampede, json.dumps(opts)],
@@ -310,6 +318,9 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=["cold", "warm", "groups", "handles", "stampede"], help="run one part"
     )
+    parser.add_argument(
+        "--warm-processes", action="store_true", help="stampede: each process has compiled before"
+    )
     args = parser.parse_args()
     rounds = 11 if args.quick else 201
     counts, variants = ([2, 4], 4) if args.quick else ([2, 4, 8], 8)
@@ -320,7 +331,7 @@ def main() -> None:
         "warm": lambda tmp: bench_warm_compile(tmp, rounds),
         "groups": lambda tmp: bench_groups(tmp, rounds),
         "handles": lambda tmp: bench_handles(tmp, rounds),
-        "stampede": lambda tmp: bench_stampede(tmp, counts, variants),
+        "stampede": lambda tmp: bench_stampede(tmp, counts, variants, args.warm_processes),
     }
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         for name, part in parts.items():
