@@ -184,3 +184,32 @@ def test_the_tiers_refuse_what_the_rule_refuses(shared_base: Path) -> None:
     assert not_a_dir.unusable is not None
     assert "not a directory" in not_a_dir.unusable
     assert _trust.refusal(str(shared_base / "file" / "below")) is not None
+
+
+def test_a_cache_walks_its_directory_once_and_keeps_its_statistics_where_it_trusts(
+    shared_base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernelcache import Cache, Settings
+
+    walked: list[str] = []
+    real = _trust.open_dir
+
+    def counting(path: str, **kwargs: bool) -> int | None:
+        walked.append(path)
+        return real(path, **kwargs)
+
+    # The disk tier's walk and the statistics' (refusal) both go through _trust.open_dir.
+    monkeypatch.setattr(_trust, "open_dir", counting)
+    own = str(_mkdir(shared_base / "own"))
+    assert Cache(settings=Settings.load({}, dir=own)).stats_dir == own
+    assert walked == [own]  # the disk tier's walk vouched for the statistics too
+    walked.clear()
+    # A read-only tier writes nothing there, so the statistics walk it themselves.
+    assert Cache(settings=Settings.load({}, dir=own, read_only=True)).stats_dir == own
+    assert walked == [own, own]
+    walked.clear()
+    shared = str(others_dir(shared_base / "shared", 0o777) / "kc")
+    refused = Cache(settings=Settings.load({}, dir=shared))
+    assert refused.stats_dir is None
+    assert refused.tiers[1].unusable is not None
+    assert walked == [shared, shared]

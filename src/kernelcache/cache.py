@@ -47,7 +47,7 @@ class Cache:
         # tiers (whatever the local tier's kind), else in the first local tier's.
         #: The directory whose statistics ``kernelcache stats`` shows for this cache.
         self.stats_dir = (
-            settings_dir(self.settings) if tiers is None else persistent_dir(self.tiers)
+            settings_dir(self.settings, self.tiers) if tiers is None else persistent_dir(self.tiers)
         )
         # Read-only settings write nothing into the directory, statistics included.
         record = persist_stats and not (tiers is None and self.settings.read_only)

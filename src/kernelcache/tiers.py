@@ -67,15 +67,20 @@ def default_tiers(settings: Settings) -> list[Store]:
     return tiers
 
 
-def settings_dir(settings: Settings) -> str | None:
+def settings_dir(settings: Settings, tiers: Sequence[Store] = ()) -> str | None:
     """Where a Cache over the default tiers keeps its statistics.
 
     None when disabled, and when the directory is not safe (someone else's,
     or writable by others: the disk tier refuses it too). A read-only Cache
     reads them there but records nothing (see :class:`~kernelcache.Cache`).
+    ``tiers``: the Cache's own; a disk tier among them that opened the
+    directory for writing has walked it already (one trust walk per Cache).
     """
     if settings.disable:
         return None
+    where = os.path.abspath(settings.dir)
+    if any(isinstance(t, DiskStore) and t.local_dir == where for t in tiers):
+        return settings.dir
     # Missing (with trusted ancestors) is fine: whoever makes it makes it private.
     return settings.dir if _trust.refusal(settings.dir) is None else None
 
