@@ -14,7 +14,10 @@ host:
 - ``nvcc``: ``python -m kernelcache nvcc -c`` of a program with host code, the
   object deleted and built again (a launcher hit, byte-identical), linked, run;
 - ``triton``: ``TRITON_CACHE_MANAGER=kernelcache.triton:CacheManager``; the
-  fresh process launches its kernels without compiling any.
+  fresh process launches its kernels without compiling any;
+- ``inductor``: ``torch.compile`` on the GPU with that manager; the fresh process
+  has an empty Inductor cache of its own, so Inductor generates its Triton
+  kernels again and kernelcache serves every one of them.
 
 It prints one line per check and exits 1 if any failed. The cubins it loads
 were compiled by the device's own toolchain, as a user's would be.
@@ -92,6 +95,25 @@ sm = torch.empty_like(m)
 softmax[(512,)](sm, m, 1000, BLOCK=1024)
 torch.cuda.synchronize()
 ok = torch.equal(out, x + y) and torch.allclose(sm, torch.softmax(m, dim=1), atol=1e-5)
+print(json.dumps({"ok": ok, "stats": kt.stats()}))
+"""
+
+
+# torch.compile on the GPU: Inductor writes Triton kernels (fused pointwise and a softmax)
+# and compiles them in this process (TORCHINDUCTOR_COMPILE_THREADS=1), through the manager.
+INDUCTOR_PROGRAM = r"""
+import json
+import torch
+import kernelcache.triton as kt
+
+def f(x, y):
+    return torch.nn.functional.gelu(x @ y) * torch.sin(x) + y.softmax(dim=-1)
+
+torch.manual_seed(0)
+x, y = torch.randn(512, 512, device="cuda"), torch.randn(512, 512, device="cuda")
+out = torch.compile(f)(x, y)
+torch.cuda.synchronize()
+ok = torch.allclose(out, f(x, y), atol=1e-4, rtol=1e-4)
 print(json.dumps({"ok": ok, "stats": kt.stats()}))
 """
 
@@ -266,28 +288,65 @@ def check_nvcc(work: Path, arch: str) -> tuple[bool, str]:
 # --- Triton: its cache manager; the fresh process launches without compiling ---------------
 
 
-def check_triton(work: Path) -> tuple[bool, str]:
-    env = _env(
-        TRITON_CACHE_MANAGER="kernelcache.triton:CacheManager",
-        KERNELCACHE_TRITON_DIR=str(work / "triton-kc"),
-        TRITON_CACHE_DIR=str(work / "triton-own"),
-        KERNELCACHE_DIR=str(work / "kc"),
-    )
-    runs = []
-    for _ in range(2):
-        done = _python(TRITON_PROGRAM, env, work)
+def _twice(program: str, work: Path, envs: list[dict[str, str]]) -> list[dict[str, Any]] | str:
+    """``program``'s JSON report from a first process and a fresh one; a string if one failed."""
+    reports = []
+    for env in envs:
+        done = _python(program, env, work)
         if done.returncode != 0:
-            return False, f"process failed: {done.stderr.strip()[-800:]}"
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
-    good = (
+            return f"process failed: {done.stderr.strip()[-800:]}"
+        reports.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return reports
+
+
+def _served(cold: dict[str, Any], warm: dict[str, Any], groups: int) -> bool:
+    """Both right; the first published ``groups`` or more, the fresh one hit and published none."""
+    first, fresh = cold["stats"]["triton"], warm["stats"]["triton"]
+    return bool(
         cold["ok"] and warm["ok"]
-        and cold["stats"]["triton"]["groups_published"] >= 2
-        and warm["stats"]["triton"]["group_hits"] >= 2
-        and warm["stats"]["triton"]["group_misses"] == 0
-        and warm["stats"]["triton"]["groups_published"] == 0
+        and first["groups_published"] >= groups
+        and fresh["group_hits"] >= groups
+        and fresh["group_misses"] == 0
+        and fresh["groups_published"] == 0
     )  # fmt: skip
-    return good, json.dumps({"first": cold, "fresh process": warm})
+
+
+def _triton_env(work: Path, **extra: str) -> dict[str, str]:
+    return _env(
+        TRITON_CACHE_MANAGER="kernelcache.triton:CacheManager",
+        KERNELCACHE_DIR=str(work / "kc"),
+        **extra,
+    )
+
+
+def check_triton(work: Path) -> tuple[bool, str]:
+    env = _triton_env(
+        work, KERNELCACHE_TRITON_DIR=str(work / "triton-kc"), TRITON_CACHE_DIR=str(work / "triton")
+    )
+    runs = _twice(TRITON_PROGRAM, work, [env, env])
+    if isinstance(runs, str):
+        return False, runs
+    cold, warm = runs
+    return _served(cold, warm, groups=2), json.dumps({"first": cold, "fresh process": warm})
+
+
+def check_inductor(work: Path) -> tuple[bool, str]:
+    # Each process gets empty caches of Inductor's and Triton's own: only kernelcache can hit.
+    envs = [
+        _triton_env(
+            work,
+            KERNELCACHE_TRITON_DIR=str(work / "inductor-kc"),
+            TRITON_CACHE_DIR=str(work / f"inductor-triton-{run}"),
+            TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-{run}"),
+            TORCHINDUCTOR_COMPILE_THREADS="1",
+        )
+        for run in range(2)
+    ]
+    runs = _twice(INDUCTOR_PROGRAM, work, envs)
+    if isinstance(runs, str):
+        return False, runs
+    cold, warm = runs
+    return _served(cold, warm, groups=1), json.dumps({"first": cold, "fresh process": warm})
 
 
 def main() -> int:
@@ -295,7 +354,7 @@ def main() -> int:
     parser.add_argument(
         "--keep", help="work in this directory and keep it (default: a temporary one)"
     )
-    parser.add_argument("--only", choices=["nvrtc", "nvcc", "triton"], action="append")
+    parser.add_argument("--only", choices=["nvrtc", "nvcc", "triton", "inductor"], action="append")
     args = parser.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="kernelcache-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -305,6 +364,7 @@ def main() -> int:
         "nvrtc": lambda: check_nvrtc(work, arch),
         "nvcc": lambda: check_nvcc(work, arch),
         "triton": lambda: check_triton(work),
+        "inductor": lambda: check_inductor(work),
     }
     failed = 0
     for name, check in checks.items():
