@@ -16,8 +16,8 @@ host:
 - ``triton``: ``TRITON_CACHE_MANAGER=kernelcache.triton:CacheManager``; the
   fresh process launches its kernels without compiling any;
 - ``inductor``: ``torch.compile`` on the GPU with that manager; the fresh process
-  has an empty Inductor cache of its own, so Inductor generates its Triton
-  kernels again and kernelcache serves every one of them.
+  has empty Inductor and Triton caches of its own, so Inductor writes its Triton
+  kernels again, and kernelcache serves every one of them.
 
 It prints one line per check and exits 1 if any failed. The cubins it loads
 were compiled by the device's own toolchain, as a user's would be.
@@ -68,7 +68,7 @@ int main() {
 
 # Triton kernels and the check of their results, run in two processes.
 TRITON_PROGRAM = r"""
-import json, sys
+import json
 import torch, triton, triton.language as tl
 import kernelcache.triton as kt
 
@@ -99,8 +99,9 @@ print(json.dumps({"ok": ok, "stats": kt.stats()}))
 """
 
 
-# torch.compile on the GPU: Inductor writes Triton kernels (fused pointwise and a softmax)
-# and compiles them in this process (TORCHINDUCTOR_COMPILE_THREADS=1), through the manager.
+# torch.compile on the GPU: Inductor writes Triton kernels for the pointwise part and the
+# softmax (fused into one, with torch 2.11; the product goes to cuBLAS) and compiles them in
+# this process (TORCHINDUCTOR_COMPILE_THREADS=1), through the manager.
 INDUCTOR_PROGRAM = r"""
 import json
 import torch
