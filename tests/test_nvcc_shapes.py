@@ -267,6 +267,19 @@ def _same_as_plain_nvcc(root: Path, args: list[str]) -> None:
     )
 
 
+def _rebuilt(tool: Launcher, root: Path, args: list[str], source: str) -> dict[str, int]:
+    """Write ``source`` as ``k.cu`` and compile it through the front, which must not import the
+    cache in the caller; how the launcher's statistics moved."""
+    (root / "k.cu").write_text(source)
+    time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
+    before = stats(tool.cache_dir)
+    proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
+    assert proc.returncode == 0, proc.stderr
+    assert b"kernelcache.cache" not in _imported(proc)
+    after = stats(tool.cache_dir)
+    return {k: after[k] - before[k] for k in after}
+
+
 def _answers(cache_dir: Path) -> dict[str, int]:
     """How many answers of each kind the server gave, both clients together."""
     counts: dict[str, int] = {}
@@ -324,22 +337,12 @@ def test_an_edited_file_is_preprocessed_and_compiled_by_the_caller(tmp_path: Pat
     kernel = KERNEL.replace("scale", "edited")
     root = project(tmp_path / "p", kernel)
     args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
-
-    def rebuilt(source: str) -> tuple[subprocess.CompletedProcess[bytes], dict[str, int]]:
-        (root / "k.cu").write_text(source)
-        time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
-        before = stats(tool.cache_dir)
-        proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
-        assert proc.returncode == 0, proc.stderr
-        assert b"kernelcache.cache" not in _imported(proc)
-        after = stats(tool.cache_dir)
-        return proc, {k: after[k] - before[k] for k in after}
-
     try:
         assert tool(args, root).returncode == 0  # the first compile: stored, key learned
-        _, counted = rebuilt(kernel + "// a comment\n")
+        counted = _rebuilt(tool, root, args, kernel + "// a comment\n")
         assert (counted["hits"], counted["preprocessed_hits"], counted["misses"]) == (1, 1, 0)
-        _, counted = rebuilt(kernel.replace("x[threadIdx.x])", "x[threadIdx.x]) + 1.0f"))
+        edited = kernel.replace("x[threadIdx.x])", "x[threadIdx.x]) + 1.0f")
+        counted = _rebuilt(tool, root, args, edited)
         assert (counted["hits"], counted["misses"]) == (0, 1)
         _same_as_plain_nvcc(root, args)
         assert tool.outcome(args, root) == "server hit"  # stored under its new key
@@ -367,14 +370,8 @@ def test_without_the_preprocessed_key_a_miss_is_still_compiled_by_the_caller(
     args = ["-arch=sm_90", "-c", "k.cu", "-o", "k.o", "-MD"]
     try:
         for source in (kernel, kernel + "// a comment\n"):  # first compile, then an edit
-            (root / "k.cu").write_text(source)
-            time.sleep(0.05)  # older than the compile's start (RACE_SLOP_NS)
-            before = stats(tool.cache_dir)
-            proc = tool(args, root, PYTHONPROFILEIMPORTTIME="1")
-            assert proc.returncode == 0, proc.stderr
-            assert b"kernelcache.cache" not in _imported(proc)
-            after = stats(tool.cache_dir)
-            assert (after["misses"] - before["misses"], after["hits"] - before["hits"]) == (1, 0)
+            counted = _rebuilt(tool, root, args, source)
+            assert (counted["misses"], counted["hits"]) == (1, 0)
         _same_as_plain_nvcc(root, args)
         assert tool.outcome(args, root) == "server hit"
     finally:
