@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -66,16 +68,17 @@ def main(argv: list[str]) -> dict[str, Any]:
         kci.install()
     if len(argv) > 1:
         children.wait_for(argv[1])
-    equal = []
-    if mode in ("infer", "both"):
-        equal.append(infer())
-    if mode in ("train", "both"):
-        equal.append(train())
+    equal: list[bool] = []
+    calls: dict[str, dict[str, float]] = {}
+    for name, call in (("infer", infer), ("train", train)):
+        if mode in (name, "both"):
+            equal.append(timed(call, calls.setdefault(name, {})))
     if save := os.environ.get("KC_TEST_SAVE_ARTIFACTS"):
         saved = torch.compiler.save_cache_artifacts()
         assert saved is not None
         with open(save, "wb") as f:
             f.write(saved[0])
+    held = held_seconds()
     return {
         "equal": all(equal),
         "inductor": dict(counters["inductor"]),
@@ -84,19 +87,40 @@ def main(argv: list[str]) -> dict[str, Any]:
         "cpp": cpp.stats(),
         # The compile time the cache's statistics count, and the compile times its entries hold.
         "compile": kci.get_cache().compile_stats() if kci.installed() else {},
-        "stored_seconds": stored_seconds() if kci.installed() else 0.0,
+        "stored_seconds": sum(seconds for _, seconds in held),
+        # The compile times that AOTAutograd's entries hold (its FX graphs' included).
+        "aot_seconds": [seconds for cache, seconds in held if cache == "autograd-experimental"],
+        "calls": calls,
     }
 
 
-def stored_seconds() -> float:
-    """The sum of the ``compile_seconds`` that the local tier's entries hold."""
-    total = 0.0
-    for tier in kci.get_cache().tiers:
+def timed(call: Callable[[], bool], report: dict[str, float]) -> bool:
+    """Run ``call``; ``report`` gets its wall time and the seconds the cache says it saved."""
+    before, start = seconds_saved(), time.perf_counter()
+    result = call()
+    report["wall"] = time.perf_counter() - start
+    report["saved"] = seconds_saved() - before
+    return result
+
+
+def seconds_saved() -> float:
+    """The compile seconds this process's hits saved, by the cache's statistics."""
+    if not kci.installed():
+        return 0.0
+    return float(sum(tier["seconds_saved"] for tier in kci.get_cache().stats().values()))
+
+
+def held_seconds() -> list[tuple[str, float]]:
+    """The local tier's entries that hold a ``compile_seconds``: which of torch's caches
+    each belongs to ("" for a C++ build), and those seconds."""
+    held = []
+    for tier in kci.get_cache().tiers if kci.installed() else ():
         if tier.local_dir is not None:
             for info in tier.scan():
                 entry = tier.get(info.key)
-                total += float(entry.meta.get("compile_seconds", 0.0)) if entry else 0.0
-    return total
+                if entry is not None and "compile_seconds" in entry.meta:
+                    held.append((entry.meta.get("torch_cache", ""), entry.meta["compile_seconds"]))
+    return held
 
 
 if __name__ == "__main__":

@@ -402,6 +402,35 @@ def test_a_compile_inside_another_is_counted_once(tmp_path: Path) -> None:
     assert stats["compile_seconds"] == 4.5
 
 
+def test_a_hit_saves_a_nested_compile_once(tmp_path: Path) -> None:
+    """torch loads an AOTAutograd hit's FX graphs, and those their C++ builds, as hits of
+    their own: the outer hit saved their compile time already. An inner entry's hit
+    without the outer's saves its own time."""
+    cache = _cache_in(tmp_path)
+    with cache.claim("outer") as outer:
+        with cache.claim("middle") as middle:
+            with cache.claim("inner") as inner:
+                inner.publish(b"i", seconds=1.0)
+            middle.publish(b"m", seconds=2.5)
+        outer.publish(b"o", seconds=4.0)
+    # A value that is not a list of keys is ignored.
+    cache.put("odd", Entry({"a": b"x"}, meta={"compile_seconds": 0.5, "nested": "middle"}))
+
+    def saved(*keys: str) -> float:
+        """Seconds saved by a new process's disk hits on ``keys``, in that order."""
+        fresh = Cache([DiskStore(str(tmp_path))], persist_stats=False)
+        for key in keys:
+            assert fresh.get(key) is not None
+        return float(fresh.stats()["disk"]["seconds_saved"])
+
+    nested = {key: (cache.get(key) or Entry({})).meta.get("nested") for key in ("outer", "middle")}
+    assert nested == {"outer": ["middle"], "middle": ["inner"]}
+    assert saved("outer", "middle", "inner") == 4.0
+    assert saved("middle", "inner") == 2.5
+    assert saved("inner") == 1.0
+    assert saved("odd", "middle") == 3.0
+
+
 def test_compiles_nest_only_within_their_own_statistics_and_thread(tmp_path: Path) -> None:
     a, b = _cache_in(tmp_path / "a"), _cache_in(tmp_path / "b")
     same_dir = _cache_in(tmp_path / "a")  # another Cache, the same totals as a's

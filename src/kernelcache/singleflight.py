@@ -61,13 +61,14 @@ def _same_totals(a: Events, b: Events) -> bool:
 
 class _Lead:
     """An open claim as its thread's list holds it: the statistics it counts into, and
-    the seconds of the compiles published inside it (counted there already)."""
+    the seconds and keys of the compiles published inside it (counted there already)."""
 
-    __slots__ = ("events", "inner")
+    __slots__ = ("events", "inner", "nested")
 
     def __init__(self, events: Events) -> None:
         self.events = events
         self.inner = 0.0
+        self.nested: list[str] = []
 
 
 # The claims each thread leads, outermost first. A compile can run inside another's
@@ -297,8 +298,13 @@ class Claim:
         try:
             elapsed = time.perf_counter() - self._started if seconds is None else seconds
             # The entry keeps the whole time (a hit saves all of it); the statistics count
-            # each second once.
-            entry = as_entry(result).with_meta(compile_seconds=round(elapsed, 6))
+            # each second once. It names the entries published inside its compile: a hit
+            # on it saved their time too, which their own hits must not count again
+            # (torch loads an AOTAutograd hit's FX graphs as hits of their own).
+            meta: dict[str, object] = {"compile_seconds": round(elapsed, 6)}
+            if self._lead.nested:
+                meta["nested"] = list(self._lead.nested)
+            entry = as_entry(result).with_meta(**meta)
             self._owner.events.compiled(self._own_seconds(elapsed))
             # Waiters get the entry as stored (its path() files inside the disk
             # tier), after the write: a few hundred microseconds next to a compile.
@@ -316,12 +322,14 @@ class Claim:
     def _own_seconds(self, elapsed: float) -> float:
         """``elapsed`` less the compiles published inside this claim; the claim this
         one runs inside (the nearest of this thread's counting into the same
-        statistics) is told, so that it leaves these seconds out in turn."""
+        statistics) is told, so that it leaves these seconds out in turn and names
+        this key in its entry."""
         lead, leads = self._lead, self._leads
         if threading.get_ident() == self._thread and lead in leads:  # nested in its own thread
             for outer in reversed(leads[: leads.index(lead)]):
                 if _same_totals(outer.events, lead.events):
                     outer.inner += elapsed
+                    outer.nested.append(self.key)
                     break
         return max(0.0, elapsed - lead.inner)
 

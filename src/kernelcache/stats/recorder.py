@@ -4,7 +4,8 @@ Hits, misses, puts, evictions, errors and bytes are the tiers' own counters
 (``Store.counters``), which they keep anyway; the recorder only remembers
 what it already flushed and merges the difference. What the tiers cannot
 know is added here: compile counts and seconds, and *seconds saved* (the
-``compile_seconds`` recorded in the meta of every entry that was a hit).
+``compile_seconds`` recorded in the meta of every entry that was a hit, but
+once for a compile published inside another: see :meth:`Recorder.hit`).
 
 A hit in a memory tier in front (well under a microsecond) only appends its
 key to a bounded sample; the sample is drained on the next slow path (a
@@ -40,6 +41,8 @@ FLUSH_INTERVAL = 10.0
 HIT_SAMPLE = 65536
 #: The key -> compile_seconds map is trimmed to the memory tier's keys beyond this.
 PRICES_MIN = 4096
+#: Keys whose next hit saved nothing more (see Recorder.hit); the oldest go beyond this.
+CREDITED_MAX = 4096
 
 
 def tier_names(tiers: Sequence[Store]) -> list[str]:
@@ -62,6 +65,17 @@ def compile_seconds(entry: Entry) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return max(0.0, float(value))
     return 0.0
+
+
+def nested_keys(entry: Entry) -> list[str]:
+    """The entries published inside this entry's compile (its meta's ``nested``)."""
+    try:
+        value = entry.meta.get("nested")
+    except CorruptEntry:
+        return []
+    if isinstance(value, list):
+        return [key for key in value if isinstance(key, str)]
+    return []
 
 
 class Recorder:
@@ -90,6 +104,8 @@ class Recorder:
         self._saved = [0.0] * len(self.tiers)
         self._compile: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
         self._keys: dict[str, list[float]] = {}
+        # Keys of entries compiled inside an entry that was a hit (insertion-ordered).
+        self._credited: dict[str, None] = {}
         self._last_flush = time.monotonic()
         self.saved_total = [0.0] * len(self.tiers)
         self.compile_total: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
@@ -104,12 +120,25 @@ class Recorder:
 
     # Recording --------------------------------------------------------
     def hit(self, index: int, key: str, entry: Entry) -> None:
-        """A hit counted as it happens (every tier but a sampled first one)."""
-        seconds = compile_seconds(entry)
+        """A hit counted as it happens (every tier but a sampled first one).
+
+        An entry compiled inside another one's compile saved nothing more when it
+        follows that one's hit (torch loads an AOTAutograd hit's FX graphs, each
+        a hit of its own): the outer hit already counted the whole compile.
+        """
+        seconds = price = compile_seconds(entry)
+        nested = nested_keys(entry)
         with self._lock:
+            if self._credited and key in self._credited:
+                del self._credited[key]
+                seconds = 0.0
+            for inner in nested:
+                self._credited[inner] = None
+            while len(self._credited) > CREDITED_MAX:
+                del self._credited[next(iter(self._credited))]
             self._saw(index, key, seconds, 1)
             if self.sampling:
-                self._price_locked(key, seconds)  # it was just promoted into the first tier
+                self._price_locked(key, price)  # it was just promoted into the first tier
 
     def note(self, key: str, entry: Entry) -> None:
         """``entry`` was put into the tiers: remember its price for sampled hits."""
