@@ -44,6 +44,12 @@ PRICES_MIN = 4096
 #: Keys whose next hit saved nothing more (see Recorder.hit); the oldest go beyond this.
 CREDITED_MAX = 4096
 
+# Those keys, per cache directory: the Caches an integration makes over one directory
+# (kernelcache.inductor's C++ builds use one without the memory tier) count into the
+# same statistics, so an outer entry's hit in one covers the inner one's in another.
+_credited_by_dir: dict[str, dict[str, None]] = {}
+_credited_lock = threading.Lock()
+
 
 def tier_names(tiers: Sequence[Store]) -> list[str]:
     """Stable names for tiers: their kind, numbered when a kind repeats (disk, disk2)."""
@@ -105,7 +111,9 @@ class Recorder:
         self._compile: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
         self._keys: dict[str, list[float]] = {}
         # Keys of entries compiled inside an entry that was a hit (insertion-ordered).
-        self._credited: dict[str, None] = {}
+        self._credited: dict[str, None] = (
+            {} if self.directory is None else _credited_by_dir.setdefault(self.directory, {})
+        )
         self._last_flush = time.monotonic()
         self.saved_total = [0.0] * len(self.tiers)
         self.compile_total: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
@@ -124,18 +132,23 @@ class Recorder:
 
         An entry compiled inside another one's compile saved nothing more when it
         follows that one's hit (torch loads an AOTAutograd hit's FX graphs, each
-        a hit of its own): the outer hit already counted the whole compile.
+        a hit of its own): the outer hit already counted the whole compile. Each
+        inner key is credited once, until its next hit in this process, in any
+        Recorder of the same directory.
         """
         seconds = price = compile_seconds(entry)
         nested = nested_keys(entry)
         with self._lock:
-            if self._credited and key in self._credited:
-                del self._credited[key]
-                seconds = 0.0
-            for inner in nested:
-                self._credited[inner] = None
-            while len(self._credited) > CREDITED_MAX:
-                del self._credited[next(iter(self._credited))]
+            if self._credited or nested:
+                with _credited_lock:
+                    credited = self._credited
+                    if key in credited:
+                        del credited[key]
+                        seconds = 0.0
+                    for inner in nested:
+                        credited[inner] = None
+                    while len(credited) > CREDITED_MAX:
+                        del credited[next(iter(credited))]
             self._saw(index, key, seconds, 1)
             if self.sampling:
                 self._price_locked(key, price)  # it was just promoted into the first tier
@@ -241,6 +254,8 @@ _recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    global _credited_lock
+    _credited_lock = threading.Lock()  # another thread of the parent may have held it
     # The child inherits the parent's unflushed counts; the parent flushes them.
     for recorder in list(_recorders):
         recorder.restart()
