@@ -381,16 +381,23 @@ def _cache_in(path: Path) -> Cache:
     return Cache([MemoryStore(), DiskStore(str(path))])
 
 
-def test_a_compile_inside_another_is_counted_once(tmp_path: Path) -> None:
-    """torch's AOTAutograd compile holds its FX graph's, which holds its C++ builds':
-    each entry keeps its whole time, the statistics count each second once."""
-    cache = _cache_in(tmp_path)
+def _publish_nested(cache: Cache) -> Entry:
+    """Compiles three deep: "inner" (1 s) inside "middle" (2.5 s) inside "outer" (4 s),
+    as torch's C++ build inside its FX graph inside its AOTAutograd compile; the outer
+    entry as stored."""
     with cache.claim("outer") as outer:
         with cache.claim("middle") as middle:
             with cache.claim("inner") as inner:
                 inner.publish(b"i", seconds=1.0)
             middle.publish(b"m", seconds=2.5)
-        stored = outer.publish(b"o", seconds=4.0)
+        return outer.publish(b"o", seconds=4.0)
+
+
+def test_a_compile_inside_another_is_counted_once(tmp_path: Path) -> None:
+    """torch's AOTAutograd compile holds its FX graph's, which holds its C++ builds':
+    each entry keeps its whole time, the statistics count each second once."""
+    cache = _cache_in(tmp_path)
+    stored = _publish_nested(cache)
     with cache.claim("after") as after:  # not inside any: counted whole
         after.publish(b"a", seconds=0.5)
     middle_entry = cache.get("middle")
@@ -407,12 +414,7 @@ def test_a_hit_saves_a_nested_compile_once(tmp_path: Path) -> None:
     their own: the outer hit saved their compile time already. An inner entry's hit
     without the outer's saves its own time."""
     cache = _cache_in(tmp_path)
-    with cache.claim("outer") as outer:
-        with cache.claim("middle") as middle:
-            with cache.claim("inner") as inner:
-                inner.publish(b"i", seconds=1.0)
-            middle.publish(b"m", seconds=2.5)
-        outer.publish(b"o", seconds=4.0)
+    _publish_nested(cache)
     # A value that is not a list of keys is ignored.
     cache.put("odd", Entry({"a": b"x"}, meta={"compile_seconds": 0.5, "nested": "middle"}))
 
