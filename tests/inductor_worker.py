@@ -78,7 +78,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         assert saved is not None
         with open(save, "wb") as f:
             f.write(saved[0])
-    held = held_seconds()
+    held, builds, nested = held_seconds()
     return {
         "equal": all(equal),
         "inductor": dict(counters["inductor"]),
@@ -90,6 +90,9 @@ def main(argv: list[str]) -> dict[str, Any]:
         "stored_seconds": sum(seconds for _, seconds in held),
         # The compile times that AOTAutograd's entries hold (its FX graphs' included).
         "aot_seconds": [seconds for cache, seconds in held if cache == "autograd-experimental"],
+        # C++ builds that no entry names as compiled inside it (built outside every graph's
+        # compile, or, with compile threads, not counted as inside it).
+        "unnested_builds": len(builds - nested),
         "calls": calls,
     }
 
@@ -110,17 +113,22 @@ def seconds_saved() -> float:
     return float(sum(tier["seconds_saved"] for tier in kci.get_cache().stats().values()))
 
 
-def held_seconds() -> list[tuple[str, float]]:
+def held_seconds() -> tuple[list[tuple[str, float]], set[str], set[str]]:
     """The local tier's entries that hold a ``compile_seconds``: which of torch's caches
-    each belongs to ("" for a C++ build), and those seconds."""
-    held = []
+    each belongs to ("" for a C++ build), and those seconds; the keys of the C++ builds;
+    the keys that entries name as compiled inside them."""
+    held, builds, nested = [], set(), set()
     for tier in kci.get_cache().tiers if kci.installed() else ():
         if tier.local_dir is not None:
             for info in tier.scan():
                 entry = tier.get(info.key)
-                if entry is not None and "compile_seconds" in entry.meta:
-                    held.append((entry.meta.get("torch_cache", ""), entry.meta["compile_seconds"]))
-    return held
+                if entry is None or "compile_seconds" not in entry.meta:
+                    continue
+                held.append((entry.meta.get("torch_cache", ""), entry.meta["compile_seconds"]))
+                if entry.meta.get("kind") in ("so", "o"):
+                    builds.add(info.key)
+                nested.update(entry.meta.get("nested", ()))
+    return held, builds, nested
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -10,13 +11,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
-from kernelcache.singleflight import Claim
+from kernelcache.singleflight import Claim, carried
 from kernelcache.stats.totals import read_totals
 from kernelcache.stores.base import FlightLock, Store
 
@@ -468,3 +470,47 @@ def test_an_abandoned_compile_inside_leaves_the_outer_whole(tmp_path: Path) -> N
         outer.publish(b"o", seconds=3.0)
     stats = cache.compile_stats()
     assert (stats["compiles"], stats["compile_seconds"]) == (1, 3.0)
+
+
+def test_a_compile_carried_to_a_pool_thread_counts_inside_the_claim_that_waits(
+    tmp_path: Path,
+) -> None:
+    """torch builds an FX graph's C++ kernels on its compile threads while the graph's
+    compile waits: carried there, they count as if built inline, two at once too."""
+    cache = _cache_in(tmp_path)
+    both = threading.Barrier(2)
+
+    def build(key: str, seconds: float, together: bool = False) -> None:
+        if together:
+            both.wait(timeout=10)  # the two builds run on both threads at once
+        with cache.claim(key) as claim:
+            claim.publish(key.encode(), seconds=seconds)
+
+    pool = ThreadPoolExecutor(2)
+    try:
+        with cache.claim("graph") as graph:
+            tasks = [carried(functools.partial(build, k, s, True)) for k, s in (("a", 1), ("b", 2))]
+            for future in [pool.submit(task) for task in tasks]:
+                future.result(timeout=10)
+            stored = graph.publish(b"g", seconds=2.5)
+        assert sorted(stored.meta["nested"]) == ["a", "b"]
+        # The builds' 3 s, once; the graph's own time is none (its builds ran side by side).
+        assert cache.compile_stats()["compile_seconds"] == 3.0
+        # The pool's threads are as they were: a task not carried nests in nothing.
+        with cache.claim("later") as later:
+            pool.submit(build, "c", 0.25).result(timeout=10)
+            assert "nested" not in later.publish(b"l", seconds=1.0).meta
+    finally:
+        pool.shutdown()
+    # Run on the claim's own thread (a pool of one thread runs tasks inline): as inline.
+    with cache.claim("inline") as inline:
+        carried(functools.partial(build, "d", 0.5))()
+        assert inline.publish(b"i", seconds=1.0).meta["nested"] == ["d"]
+    assert cache.compile_stats()["compile_seconds"] == 3.0 + 1.25 + 1.0
+    # A thread that leads no claim has nothing to carry (this one may hold claims that
+    # earlier tests left open on purpose).
+    task, got = functools.partial(build, "e", 0.5), []
+    thread = threading.Thread(target=lambda: got.append(carried(task)))
+    thread.start()
+    thread.join()
+    assert got == [task]

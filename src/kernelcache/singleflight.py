@@ -30,13 +30,14 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
 from kernelcache.stores.base import FlightLock, Store
 
 CompileFn = Callable[[], "Entry | bytes"]
+T = TypeVar("T")
 
 # Event.wait and the lock waits reject timeouts above this (OverflowError);
 # timeout=float("inf") means "wait as long as it takes".
@@ -74,6 +75,9 @@ class _Lead:
 # The claims each thread leads, outermost first. A compile can run inside another's
 # claim: torch's AOTAutograd compile holds its FX graph's, which holds its C++ builds'.
 _leading = threading.local()
+# Guards each _Lead's inner and nested: claims carried to other threads (carried())
+# publish into the same outer claim at once.
+_nesting = threading.Lock()
 
 
 def _leading_here() -> list[_Lead]:
@@ -81,6 +85,33 @@ def _leading_here() -> list[_Lead]:
     if leads is None:
         leads = _leading.leads = []
     return leads
+
+
+def carried(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn`` as part of the claims this thread leads now, wherever it runs.
+
+    For work a compile hands to a thread pool and waits for: torch builds an
+    FX graph's C++ kernels on its compile threads. Claims that ``fn`` publishes
+    on another thread then count inside this thread's open claims, as they
+    would have on this thread: their seconds once, their keys in the enclosing
+    entry's ``nested``. Returns ``fn`` itself when this thread leads no claim.
+    """
+    leads = list(_leading_here())
+    if not leads:
+        return fn
+    home = threading.get_ident()
+
+    def run() -> T:
+        if threading.get_ident() == home:  # run inline (a pool of one thread)
+            return fn()
+        before = getattr(_leading, "leads", None)
+        _leading.leads = list(leads)
+        try:
+            return fn()
+        finally:
+            _leading.leads = before if before is not None else []
+
+    return run
 
 
 class Flight:
@@ -302,8 +333,10 @@ class Claim:
             # on it saved their time too, which their own hits must not count again
             # (torch loads an AOTAutograd hit's FX graphs as hits of their own).
             meta: dict[str, object] = {"compile_seconds": round(elapsed, 6)}
-            if self._lead.nested:
-                meta["nested"] = list(self._lead.nested)
+            with _nesting:
+                nested = list(self._lead.nested)
+            if nested:
+                meta["nested"] = nested
             entry = as_entry(result).with_meta(**meta)
             self._owner.events.compiled(self._own_seconds(elapsed))
             # Waiters get the entry as stored (its path() files inside the disk
@@ -325,13 +358,14 @@ class Claim:
         statistics) is told, so that it leaves these seconds out in turn and names
         this key in its entry."""
         lead, leads = self._lead, self._leads
-        if threading.get_ident() == self._thread and lead in leads:  # nested in its own thread
-            for outer in reversed(leads[: leads.index(lead)]):
-                if _same_totals(outer.events, lead.events):
-                    outer.inner += elapsed
-                    outer.nested.append(self.key)
-                    break
-        return max(0.0, elapsed - lead.inner)
+        with _nesting:
+            if threading.get_ident() == self._thread and lead in leads:  # nested in its thread
+                for outer in reversed(leads[: leads.index(lead)]):
+                    if _same_totals(outer.events, lead.events):
+                        outer.inner += elapsed
+                        outer.nested.append(self.key)
+                        break
+            return max(0.0, elapsed - lead.inner)
 
     def _close(self, entry: Entry | None) -> None:
         self._open = False

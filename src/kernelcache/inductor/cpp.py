@@ -23,7 +23,7 @@ means here (~15 ms) and each ISA probe's ``dlopen`` in a child Python
 -fdirectives-only`` per distinct flag set (~0.1-0.3 s: the header part of the
 key, then remembered by the headers' stats: :mod:`kernelcache.inductor.headers`).
 
-torch has no seam for builds, so the hooks replace two names (the table
+torch has no seam for builds, so the hooks replace three names (the table
 below, read from the torch versions in :data:`SUPPORTED_VERSIONS`).
 """
 
@@ -42,6 +42,7 @@ from kernelcache.entry import Entry
 from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
 from kernelcache.inductor.headers import Load, Save
 from kernelcache.patching import Patches
+from kernelcache.singleflight import carried
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.sqlite import SQLiteStore
@@ -58,6 +59,8 @@ SUPPORTED_VERSIONS = ("2.13.0",)
 #   _preprocessing, _use_relative_path) describe the build (cpp_keys.Build).
 # torch._inductor.codecache._precompile_header: preprocesses and precompiles a
 #   header, returns the path to pass with -include.
+# torch._inductor.async_compile.AsyncCompile.submit (a classmethod): hands a task
+#   (a graph's C++ builds among them) to the compile threads' pool, or runs it.
 BUILD = "build"
 PRECOMPILE = "_precompile_header"
 HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
@@ -65,6 +68,7 @@ HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
 # the build is one of fbcode's remote builds; whether it only preprocesses.
 INCLUDES, REMOTE, PREPROCESSING = "_include_dirs_args", "_use_relative_path", "_preprocessing"
 PRECOMPILING = "_precompiling"  # the build makes a precompiled header
+SUBMIT = "submit"
 
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
@@ -263,6 +267,7 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
     """
     import torch
     from torch._inductor import codecache, cpp_builder
+    from torch._inductor.async_compile import AsyncCompile
 
     version = str(torch.__version__).split("+", 1)[0]
     if version not in SUPPORTED_VERSIONS:
@@ -275,3 +280,13 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
 
     patches.set(codecache, PRECOMPILE, headers)
     patches.set(cpp_builder.CppBuilder, BUILD, build)
+    # With compile threads (one per core by default), an FX graph's C++ builds run on
+    # the pool while its compile waits: carried, they count inside its claim, as they
+    # do inline. Otherwise a hit on the graph's entry, which holds the builds' time,
+    # and the builds' own hits would both count it (as would their compiles).
+    submit = getattr(AsyncCompile, SUBMIT).__func__
+
+    def carrying(cls: type, task: Callable[..., Any]) -> Any:
+        return submit(cls, carried(task))
+
+    patches.set(AsyncCompile, SUBMIT, classmethod(carrying))
