@@ -109,6 +109,30 @@ def test_a_removal_judged_on_a_cached_name_spares_the_entry_that_replaced_it(
     b.close()
 
 
+def test_a_takeover_that_cannot_read_what_it_took_puts_it_back(
+    two_nodes: Callable[..., NetFS],
+) -> None:
+    """Node b judged the lease dead, but node a holds it now. b's takeover renames the
+    file away, then cannot read it (EIO): unjudged, it must go back under its name, and
+    the error reach b's retry loop; a keeps its lease."""
+    fs = two_nodes("shared")
+    a, b = (str(node.path / "x.lease") for node in fs.nodes)
+    live = LeaseLock(a, lease=600)
+    assert live.acquire(10)
+    held = read_record(a)
+    fs.nodes[1].set(Faults(eio_ppm=1_000_000, eio_ops=("open",)))
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            take(b, lambda record: record == b"otherhost - 1 deadnonce 0\n")
+    finally:
+        fs.nodes[1].set(Faults())
+    assert (fs.backing / "x.lease").read_bytes() == held
+    assert [p.name for p in fs.backing.iterdir()] == ["x.lease"]  # no private name left
+    live.release()
+    assert not live.lost
+    assert not (fs.backing / "x.lease").exists()
+
+
 def test_lstat_fresh_of_a_missing_name_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         lstat_fresh(str(tmp_path / "gone"))

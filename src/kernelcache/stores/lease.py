@@ -304,8 +304,8 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
     """Remove the lock file ``path`` if ``accept`` its record; ``True`` if it did.
 
     Renamed to a private name first (atomic on the server), so the record
-    judged is the file removed; one not accepted is linked back, unless a
-    newer one holds the name already.
+    judged is the file removed; one not accepted, or not readable (the OS
+    error is raised), is linked back, unless a newer one holds the name already.
     """
     private = f"{path}.{unique()}.taken"
     try:
@@ -313,7 +313,15 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
     except FileNotFoundError:
         return False
     try:
-        if accept(read_record(private)):
+        try:
+            record = read_record(private)
+        except OSError:
+            # ESTALE, EIO: unjudged, so maybe a live lease taken since it was judged dead.
+            # If the link fails too, the name is free and its holder learns it is lost.
+            with contextlib.suppress(OSError):
+                os.link(private, path)
+            raise
+        if accept(record):
             return True
         with contextlib.suppress(FileExistsError):
             os.link(private, path)
