@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -115,10 +116,22 @@ class DiskCache:
         return data
 
 
+def crashing_once(path: str, cap: int) -> Kernelcache:
+    """The first process to open it dies of SIGBUS, as a diskcache worker on a network
+    filesystem can; the others use kernelcache (tests/test_netfs_modes.py)."""
+    try:
+        os.close(os.open(f"{path}.crashed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return Kernelcache(path, cap)
+    os.kill(os.getpid(), signal.SIGBUS)
+    raise AssertionError("SIGBUS did not end the process")
+
+
 KINDS: dict[str, Callable[[str, int], Any]] = {
     "kernelcache": Kernelcache,
     "triton": Triton,
     "diskcache": DiskCache,
+    "crashing-once": crashing_once,
 }
 
 
