@@ -24,7 +24,7 @@ import pytest
 
 from kernelcache import Entry, fstype
 from kernelcache.stores.disk import DiskStore
-from kernelcache.stores.lease import LeaseLock, dead_here, read_record
+from kernelcache.stores.lease import LeaseLock, dead_here, read_record, take
 
 
 def test_exclusive_and_released(tmp_path: Path) -> None:
@@ -291,6 +291,56 @@ def test_a_lease_whose_release_failed_does_not_stall_waiters(
     waiter = LeaseLock(path, lease=3600)
     assert waiter.acquire(0)
     waiter.release()
+
+
+def test_a_release_while_another_take_has_the_lease_away_still_frees_it(tmp_path: Path) -> None:
+    """Another process's take() renames a lease away to read it and links it back when
+    it is not the one it wants (a release retrying after EIO, a waiter's takeover). A
+    release in that moment found no name and gave up, and the lease came back with no
+    holder: every waiter sat out its whole term (30 s in the ESTALE stress, 1 run in ~40)."""
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    held = read_record(path)
+    away, judged = threading.Event(), []
+
+    def not_mine(record: bytes | None) -> bool:  # called while the lease is away
+        judged.append(record)
+        away.set()
+        time.sleep(0.2)  # the holder's release runs now
+        return False
+
+    other = threading.Thread(target=lambda: take(path, not_mine))
+    other.start()
+    assert away.wait(10)
+    holder.release()
+    other.join()
+    assert judged == [held]  # it had the holder's lease away
+    assert not holder.lost
+    assert read_record(path) is None  # released: no waiter sits out the lease
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_holder_keeps_renewing_after_another_take_had_its_lease_away(tmp_path: Path) -> None:
+    """A beat that finds no name (another's take() has the lease away, and will link it
+    back) must not end the renewing: the lease would then expire during a long compile."""
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=0.2)  # a beat every 50 ms
+    assert holder.acquire(0)
+    try:
+        os.rename(path, f"{path}.away")
+        time.sleep(0.3)  # several beats find no name
+        os.link(f"{path}.away", path)
+        os.unlink(f"{path}.away")
+        back = read_record(path)
+        deadline = time.monotonic() + 10
+        while read_record(path) == back and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert read_record(path) != back, "renewed since the lease came back"
+        assert not holder.lost
+    finally:
+        holder.release()
+    assert read_record(path) is None
 
 
 def test_a_lease_this_process_no_longer_holds_is_taken_at_once(tmp_path: Path) -> None:

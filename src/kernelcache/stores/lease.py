@@ -59,6 +59,8 @@ _held: set[str] = set()
 _TRANSIENT = frozenset({errno.ESTALE, errno.EIO, errno.EBUSY, errno.EINTR})
 _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
+#: How long a release looks for its lease's name while it is away (another's take()).
+_AWAY = 0.5
 
 
 def _boot_id() -> str:
@@ -231,11 +233,11 @@ class LeaseLock:
             beat += 1
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except FileNotFoundError:
-                self.lost = True  # removed: taken over
-                return
             except OSError:
-                continue  # ESTALE/EIO: the next beat tries again, well within the lease
+                # ESTALE/EIO, or no name: another process's take() may have the lease away
+                # for a moment (it links ours back). The next beat tries again, well
+                # within the lease; a successor's lease there ends the renewing.
+                continue
             try:
                 # Checked through the very descriptor written to: a successor's
                 # file that replaced ours is never overwritten.
@@ -267,17 +269,27 @@ class LeaseLock:
             self._renewer = None
         nonce = self._nonce
         _held.discard(nonce)
-        pause = _FIRST_POLL
-        for _attempt in range(3):  # a lease left behind stalls every waiter: retried
+        pause, failures, away = _FIRST_POLL, 0, 0.0
+        while True:  # a lease left behind stalls every waiter for its whole term
             try:
-                if not take(self.path, lambda record: _owned(record, nonce)):
+                if take(self.path, lambda record: _owned(record, nonce)):
+                    return
+                # Another's lease (ours was taken over), or no name: taken over and freed
+                # since, or away for a moment. Another process's take() renames a lease
+                # to read it, then links it back: ours would come back with no holder.
+                record = read_record(self.path)
+                if not (record is None or _owned(record, nonce)) or away >= _AWAY:
                     self.lost = True
-                return
+                    return
+                away += pause
             except OSError:
                 if self._on_error is not None:
                     self._on_error()
+                failures += 1
+                if failures >= 3:
+                    break
             time.sleep(pause)  # EBUSY while another client has it open for a moment
-            pause *= 2
+            pause = min(pause * 2, _LAST_POLL)
         self._mark_free(nonce)
 
     def _mark_free(self, nonce: str) -> None:
