@@ -7,9 +7,9 @@ the empty file of another leader's lookup probe (``DiskStore._revalidate``),
 removed since. These are the deterministic cases of the stampede in
 tests/test_netfs_modes.py (its attr-lag mode met the second once, as two
 compiles of one key). The same stale name misled a removal's inode check
-(eviction): it took the entry that another node had put in place since. A
-lease takeover's check of the record it took has the same flaw, still open
-(xfail, see README's shared-filesystem section).
+(eviction): it took the entry that another node had put in place since, and
+a lease takeover's check of the record it took: it removed the live lease
+that another node had taken over first.
 """
 
 from __future__ import annotations
@@ -141,11 +141,6 @@ def test_lstat_fresh_of_a_missing_name_leaves_nothing(tmp_path: Path) -> None:
     assert lstat_fresh(str(tmp_path / "there")).st_size == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (README, shared filesystems): take() reads the record through the cached name; "
-    "re-looking it up between its rename and its link-back stalled the ebusy mode for 30 s",
-)
 def test_a_takeover_judged_on_a_cached_name_spares_the_lease_taken_since(
     two_nodes: Callable[..., NetFS],
 ) -> None:

@@ -268,29 +268,41 @@ class LeaseLock:
             self._renewer.join(self.lease)  # no beat may land between our check and removal
             self._renewer = None
         nonce = self._nonce
-        _held.discard(nonce)
+        try:
+            if not self._remove(nonce):
+                self._mark_free(nonce)
+        finally:
+            # Only now: until its file is gone, no thread of ours may judge it left behind.
+            _held.discard(nonce)
+
+    def _remove(self, nonce: str) -> bool:
+        """Remove our lease file; ``False`` if that failed (it is left behind)."""
         pause, failures, away = _FIRST_POLL, 0, 0.0
         while True:  # a lease left behind stalls every waiter for its whole term
             try:
-                if take(self.path, lambda record: _owned(record, nonce)):
-                    return
-                # Another's lease (ours was taken over), or no name: taken over and freed
-                # since, or away for a moment. Another process's take() renames a lease
-                # to read it, then links it back: ours would come back with no holder.
+                # Looked at before it is renamed away: a rename of another's lease opens
+                # a moment in which a third takes the name, and the other's is lost.
                 record = read_record(self.path)
-                if not (record is None or _owned(record, nonce)) or away >= _AWAY:
+                if record is not None and not _owned(record, nonce):
+                    self.lost = True  # taken over: a successor's lease
+                    return True
+                if record is not None and take(self.path, lambda r: _owned(r, nonce)):
+                    return True
+                # No name: taken over and freed since, or away for a moment. Another
+                # process's take() renames a lease to read it, then links it back: ours
+                # would come back with no holder.
+                if away >= _AWAY:
                     self.lost = True
-                    return
+                    return True
                 away += pause
             except OSError:
                 if self._on_error is not None:
                     self._on_error()
                 failures += 1
                 if failures >= 3:
-                    break
+                    return False
             time.sleep(pause)  # EBUSY while another client has it open for a moment
             pause = min(pause * 2, _LAST_POLL)
-        self._mark_free(nonce)
 
     def _mark_free(self, nonce: str) -> None:
         """Say in the file itself that the lease is free (writing needs no rename)."""
@@ -306,6 +318,21 @@ class LeaseLock:
             return
         finally:
             os.close(fd)
+
+
+def _read_fresh(path: str) -> bytes | None:
+    """``read_record`` of the file the server holds under ``path``. A rename carries this
+    node's cached name along (NFS ``lookupcache``, FUSE): renamed away by its name, the
+    file may be another node's newer lease, yet the new name would open the one this
+    node cached. An exclusive create is never answered from that cache: once it fails
+    with ``EEXIST``, the name is looked up afresh here (one round trip)."""
+    try:
+        fd = os.open(path, _CREATE, 0o600)
+    except FileExistsError:
+        return read_record(path)
+    os.close(fd)  # nothing was there: ours, made just now
+    os.unlink(path)
+    return None
 
 
 def _owned(record: bytes | None, nonce: str) -> bool:
@@ -326,7 +353,7 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
         return False
     try:
         try:
-            record = read_record(private)
+            record = _read_fresh(private)
         except OSError:
             # ESTALE, EIO: unjudged, so maybe a live lease taken since it was judged dead.
             # If the link fails too, the name is free and its holder learns it is lost.
