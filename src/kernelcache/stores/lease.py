@@ -360,6 +360,8 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
             with contextlib.suppress(OSError):
                 os.link(private, path)
             raise
+        if record is None:
+            return False  # gone from its private name as well: nothing to judge or put back
         if accept(record):
             return True
         with contextlib.suppress(FileExistsError):
