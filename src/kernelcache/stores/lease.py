@@ -280,18 +280,13 @@ class LeaseLock:
         pause, failures, away = _FIRST_POLL, 0, 0.0
         while True:  # a lease left behind stalls every waiter for its whole term
             try:
-                # Looked at before it is renamed away: a rename of another's lease opens
-                # a moment in which a third takes the name, and the other's is lost.
+                if take(self.path, lambda r: _owned(r, nonce)):
+                    return True
+                # Another's lease (ours was taken over: put back), or no name: taken over
+                # and freed since, or away for a moment. Another process's take() renames
+                # a lease to read it, then links it back: ours would come back with no holder.
                 record = read_record(self.path)
-                if record is not None and not _owned(record, nonce):
-                    self.lost = True  # taken over: a successor's lease
-                    return True
-                if record is not None and take(self.path, lambda r: _owned(r, nonce)):
-                    return True
-                # No name: taken over and freed since, or away for a moment. Another
-                # process's take() renames a lease to read it, then links it back: ours
-                # would come back with no holder.
-                if away >= _AWAY:
+                if not (record is None or _owned(record, nonce)) or away >= _AWAY:
                     self.lost = True
                     return True
                 away += pause
