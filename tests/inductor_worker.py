@@ -92,6 +92,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         "aot_seconds": [seconds for cache, seconds in held if cache == "autograd-experimental"],
         # C++ builds that no entry names as compiled inside it (built outside every graph's
         # compile, or, with compile threads, not counted as inside it).
+        "builds": len(builds),
         "unnested_builds": len(builds - nested),
         "calls": calls,
     }

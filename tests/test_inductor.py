@@ -203,6 +203,7 @@ def test_an_unsigned_team_entry_is_never_unpickled(
     assert writer["cpp"]["compiles"] >= 2, "the ISA probe's and the kernel's .so are entries"
     # Each build counted inside the graph's compile, the pool's too: a hit on the graph
     # saves their time, and theirs do not count it again.
+    assert writer["builds"] >= 2
     assert writer["unnested_builds"] == 0
     marker, control = tmp_path / "unpickled", tmp_path / "unpickled-where-trusted"
     entries = GRAPHS["infer"] + writer["cpp"]["compiles"]

@@ -82,7 +82,7 @@ def test_a_worker_that_dies_does_not_hold_the_others_at_the_barrier(
     two_nodes: Callable[..., NetFS],
 ) -> None:
     """A diskcache worker dies of SIGBUS when the other node truncates the SQLite file it
-    maps (the benchmark's smoke run: 1 in ~30 under load, then 2 min at the barrier).
+    maps (3 of ~250 smoke runs under load; its peer then sat 2 min at the barrier).
     The one that dies here is counted; the others finish well before their timeout."""
     fs = two_nodes("local")
     result = st.stress(fs, "crashing-once", "cache", procs=2, ops=2, keys=4, timeout=60)
