@@ -276,7 +276,8 @@ class LeaseLock:
             _held.discard(nonce)
 
     def _remove(self, nonce: str) -> bool:
-        """Remove our lease file; ``False`` if that failed (it is left behind)."""
+        """Remove our lease file: ``True`` once none of ours is left under the name (removed,
+        or taken over), ``False`` if errors kept it there."""
         pause, failures, away = _FIRST_POLL, 0, 0.0
         while True:  # a lease left behind stalls every waiter for its whole term
             try:
