@@ -45,6 +45,26 @@ _O_PATH = getattr(os, "O_PATH", None)  # Linux
 _DELETED = " (deleted)"
 
 
+def exists_afresh(path: str) -> bool:
+    """Whether the server holds ``path``, with the name looked up afresh on this node.
+
+    A client may answer from names it cached (NFS ``lookupcache``, FUSE), and a rename
+    carries a cached name along: renamed away by its name, the file may be another
+    node's newer one, yet the new name shows the one cached. An exclusive create is
+    never answered from that cache: once it fails with ``EEXIST``, the name is current
+    here (one round trip). When nothing was there, the file it made is removed again.
+    """
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+        )
+    except FileExistsError:
+        return True
+    os.close(fd)  # nothing was there: ours, made just now
+    os.unlink(path)
+    return False
+
+
 def realpath(path: str) -> str:
     """``os.path.realpath(path)``, resolved by the kernel where it can.
 

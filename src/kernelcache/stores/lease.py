@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kernelcache._fs import unique
+from kernelcache._fs import exists_afresh, unique
 from kernelcache.errors import StoreError
 
 #: A holder that stops renewing for this long is taken over (seconds).
@@ -317,18 +317,9 @@ class LeaseLock:
 
 
 def _read_fresh(path: str) -> bytes | None:
-    """``read_record`` of the file the server holds under ``path``. A rename carries this
-    node's cached name along (NFS ``lookupcache``, FUSE): renamed away by its name, the
-    file may be another node's newer lease, yet the new name would open the one this
-    node cached. An exclusive create is never answered from that cache: once it fails
-    with ``EEXIST``, the name is looked up afresh here (one round trip)."""
-    try:
-        fd = os.open(path, _CREATE, 0o600)
-    except FileExistsError:
-        return read_record(path)
-    os.close(fd)  # nothing was there: ours, made just now
-    os.unlink(path)
-    return None
+    """``read_record`` of the file the server holds under ``path``, not of the one this
+    node cached under the name (:func:`kernelcache._fs.exists_afresh`)."""
+    return read_record(path) if exists_afresh(path) else None
 
 
 def _owned(record: bytes | None, nonce: str) -> bool:

@@ -21,6 +21,8 @@ import os
 import stat
 from typing import TYPE_CHECKING, Protocol
 
+from kernelcache._fs import exists_afresh
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -72,18 +74,10 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
 def lstat_fresh(path: str) -> os.stat_result:
     """``lstat`` of ``path`` as the server has it, where this node may cache the name stale
     (a rename carries the cached name along: a file renamed away by its name may be
-    another node's newer file, yet ``lstat`` of the new name shows the one cached). An
-    exclusive create is never answered from that cache (FUSE and NFS look the name up
-    again), so once it fails with ``EEXIST`` the name is current here."""
-    try:
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
-    except FileExistsError:
-        return os.lstat(path)
-    os.close(fd)  # nothing was there: ours, made just now
-    os.unlink(path)
-    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    another node's newer file, yet ``lstat`` of the new name shows the one cached)."""
+    if not exists_afresh(path):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    return os.lstat(path)
 
 
 def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> None:
