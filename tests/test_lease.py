@@ -307,7 +307,10 @@ def test_a_release_while_another_take_has_the_lease_away_still_frees_it(tmp_path
     def not_mine(record: bytes | None) -> bool:  # called while the lease is away
         judged.append(record)
         away.set()
-        time.sleep(0.2)  # the holder's release runs now
+        deadline = time.monotonic() + 10
+        while holder.held and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the holder's release has begun
+        time.sleep(0.05)  # its first take finds no name; the lease comes back after
         return False
 
     other = threading.Thread(target=lambda: take(path, not_mine))

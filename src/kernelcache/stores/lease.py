@@ -141,7 +141,12 @@ class LeaseLock:
         self.lost = False
 
     def __repr__(self) -> str:
-        return f"LeaseLock({self.path!r}, held={self._stop is not None})"
+        return f"LeaseLock({self.path!r}, held={self.held})"
+
+    @property
+    def held(self) -> bool:
+        """Whether this lock is held (acquired, its release not begun)."""
+        return self._stop is not None
 
     def acquire(self, timeout: float) -> bool:
         """Take the lock, waiting at most ``timeout`` seconds; ``False`` if that ran out."""
