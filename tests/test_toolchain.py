@@ -76,6 +76,38 @@ def test_wrapper_script_targets_are_part_of_the_identity(tmp_path: Path) -> None
     assert toolchain.executable(str(wrapper)) != before
 
 
+@pytest.mark.parametrize(
+    "around",
+    [
+        b'exec %s "$@"',
+        b'CUDA="%s"; exec $CUDA --x=%s -I../rel%s',
+        b"# '%s'\t%s\x00%s\xff%s\xe9%s",
+        b"relative%s:%s=%s,%s;%s",
+        b"a / lone slash, a/ trailing one, // and /",
+    ],
+)
+def test_a_wrappers_targets_are_the_paths_a_regex_finds(tmp_path: Path, around: bytes) -> None:
+    # The scan replaced re.findall (compiling it cost a fresh process's first hit ~0.2 ms).
+    import re
+
+    names = ["real-nvcc", "b+c.d", "x-y/z_1", "not-there", "real-nvcc"]
+    (tmp_path / "x-y").mkdir()
+    paths = [os.fsencode(tmp_path / name) for name in names]
+    for path in paths[:3]:
+        Path(os.fsdecode(path)).write_text("")
+    body = around % tuple(paths[: around.count(b"%s")])
+    wrapper = tmp_path / "nvcc"
+    wrapper.write_bytes(b"#!/bin/sh\n" + body + b"\n")
+    expected: list[str] = []
+    for raw in re.findall(rb"(/[\w.+\-/]+)", wrapper.read_bytes()[2:]):
+        if os.path.isfile(raw) and os.fsdecode(raw) not in expected:
+            expected.append(os.fsdecode(raw))
+    assert toolchain.script_targets(str(wrapper)) == expected
+    # Not vacuous: the interpreter, and a planted file wherever one was planted.
+    assert expected[0] == "/bin/sh"
+    assert len(expected) >= (2 if b"%s" in around else 1)
+
+
 def test_damaged_memo_is_ignored(tmp_path: Path) -> None:
     path = Path(toolchain.memo_path())
     path.parent.mkdir(parents=True)
