@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from kernelcache import Entry, fstype
+from kernelcache.stores import lease
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.lease import LeaseLock, dead_here, read_record, take
 
@@ -123,6 +124,50 @@ def test_threads_are_excluded(tmp_path: Path) -> None:
     for thread in threads:
         thread.join(120)
     assert overlaps == []
+
+
+def test_no_thread_creates_the_lease_while_another_thread_has_it_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiting thread read the lease of a thread that then released it, and judged that
+    record left behind (its nonce no longer held). Its takeover renamed away the lease a
+    third thread had taken since, to read it, and linked it back; a fourth thread's create
+    in that moment found the name free, and two threads held the lease
+    (``test_threads_are_excluded`` failed 1 run in ~700 so)."""
+    path = str(tmp_path / "k.lease")
+    first = LeaseLock(path, lease=3600)
+    assert first.acquire(0)
+    seen = read_record(path)
+    first.release()
+    assert seen is not None
+    assert dead_here(seen)  # what the waiter judges from the record it read
+    newer = LeaseLock(path, lease=3600)
+    assert newer.acquire(0)
+    held = read_record(path)
+    fourth = LeaseLock(path, lease=3600)
+    got: list[bool] = []
+    creators: list[threading.Thread] = []
+    real = lease._read_fresh  # noqa: SLF001 (called while the take has the lease away)
+
+    def judging(name: str) -> bytes | None:
+        creator = threading.Thread(target=lambda: got.append(fourth.acquire(0)))
+        creators.append(creator)
+        creator.start()
+        creator.join(0.3)  # its create runs now, or waits for the take to end
+        return real(name)
+
+    monkeypatch.setattr(lease, "_read_fresh", judging)
+    assert not take(path, lambda record: record == seen)
+    monkeypatch.undo()
+    creators[0].join(10)
+    try:
+        assert got == [False]
+        assert read_record(path) == held
+    finally:
+        if got == [True]:
+            fourth.release()
+        newer.release()
+    assert not newer.lost
 
 
 _WORKER = r"""

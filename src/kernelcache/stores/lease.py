@@ -61,6 +61,31 @@ _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
 #: How long a release looks for its lease's name while it is away (another's take()).
 _AWAY = 0.5
+_STRIPE_COUNT = 64
+
+
+def _new_stripes() -> tuple[threading.Lock, ...]:
+    return tuple(threading.Lock() for _ in range(_STRIPE_COUNT))
+
+
+# A take() has the lease it judges away from its name for a moment (renamed, read, linked
+# back), and a create in that moment finds the name free: two holders. Between threads of
+# this process, a take and a create of one name never overlap (a stripe of the name each).
+# Between processes the moment stays; it needs a take of a lease that another waiter
+# replaced since it was read, and a third waiter's create just then.
+_stripes = _new_stripes()
+
+
+def _stripe(path: str) -> threading.Lock:
+    return _stripes[hash(path) % _STRIPE_COUNT]
+
+
+def _fresh_stripes_in_child() -> None:
+    global _stripes
+    _stripes = _new_stripes()  # a forked child lacks the thread that may hold one
+
+
+os.register_at_fork(after_in_child=_fresh_stripes_in_child)
 
 
 def _boot_id() -> str:
@@ -202,7 +227,8 @@ class LeaseLock:
         # judge it a lease this process left behind (see dead_here).
         _held.add(nonce)
         try:
-            fd = os.open(self.path, _CREATE, 0o600)
+            with _stripe(self.path):  # never while a take() of this process has it away
+                fd = os.open(self.path, _CREATE, 0o600)
         except FileNotFoundError:
             _held.discard(nonce)
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
@@ -336,8 +362,14 @@ def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
 
     Renamed to a private name first (atomic on the server), so the record
     judged is the file removed; one not accepted, or not readable (the OS
-    error is raised), is linked back, unless a newer one holds the name already.
+    error is raised), is linked back, unless a newer one holds the name already
+    (another process's create in that moment; never another thread's: ``_stripe``).
     """
+    with _stripe(path):
+        return _take_unstriped(path, accept)
+
+
+def _take_unstriped(path: str, accept: Callable[[bytes | None], bool]) -> bool:
     private = f"{path}.{unique()}.taken"
     try:
         os.rename(path, private)
