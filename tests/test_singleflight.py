@@ -514,3 +514,27 @@ def test_a_compile_carried_to_a_pool_thread_counts_inside_the_claim_that_waits(
     thread.start()
     thread.join()
     assert got == [task]
+
+
+def test_a_claim_handed_over_to_another_thread_is_no_outer_claim_here(tmp_path: Path) -> None:
+    """TileLang's caller compiles, hands its claim to a thread that publishes later, and
+    compiles the next kernel: that one is not nested in the first (nor its seconds taken
+    out of the first's), and the first counts its own time."""
+    cache = _cache_in(tmp_path)
+    first = cache.claim("first").hand_over()
+    with cache.claim("second") as second:
+        assert "nested" not in second.publish(b"s", seconds=1.0).meta
+    publisher = threading.Thread(target=lambda: first.publish(b"f", seconds=2.0))
+    publisher.start()
+    publisher.join(10)
+    stored = cache.get("first")
+    assert stored is not None
+    assert "nested" not in stored.meta
+    assert stored.meta["compile_seconds"] == 2.0
+    assert cache.compile_stats()["compile_seconds"] == 3.0
+    # A compile that raised: counted, and the claim given up (the waiters go on).
+    failed = cache.claim("failed")
+    failed.fail()
+    failed.fail()
+    assert not failed.leads
+    assert cache.compile_stats()["compile_errors"] == 1

@@ -7,6 +7,7 @@ is needed: the targets name an architecture (sm_90, sm_90a for the GEMM).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -110,6 +111,39 @@ def test_two_processes_started_together_run_nvcc_once(
     assert len(toolkit.compiles()) == 1
     assert sorted(r["stats"]["compiles"] for r in reports) == [0, 1]
     assert sorted(r["stats"]["hits"] for r in reports) == [0, 1]
+
+
+def test_the_compiling_caller_gets_its_kernel_before_the_entry_is_published(
+    toolkit: Toolkit, dsl_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 23: TileLang's writers link the library again (~0.2 s of a ~1.4 s compile);
+    the caller that compiled does not wait for them, the entry is published after its
+    kernel is handed back. A process asking meanwhile waits for that entry."""
+    gate = tmp_path / "publish"
+    leader = children.start(SCRIPT, dsl_env, "add", "tvm_ffi", "--publish-gate", str(gate))
+    returned = Path(f"{gate}.returned")
+    deadline = time.monotonic() + 120
+    while not returned.exists():
+        assert time.monotonic() < deadline, "the compile call waited for the entry's publishing"
+        assert leader.poll() is None, children.finish(leader)
+        time.sleep(0.05)
+    # Handed back with the kernel's own entry unpublished: only nvcc's output (binaries) is in.
+    assert json.loads(returned.read_text()) == {"entries": 1}
+    go = tmp_path / "go"
+    waiter = children.start(SCRIPT, dsl_env, "add", "tvm_ffi", "--wait-for", str(go))
+    while not list(tmp_path.glob("go.ready.*")):
+        assert time.monotonic() < deadline + 120, "the waiter never got ready"
+        assert waiter.poll() is None, children.finish(waiter)
+        time.sleep(0.05)
+    go.touch()
+    time.sleep(1.0)
+    assert waiter.poll() is None, "the waiter must wait for the leader's entry"
+    gate.touch()
+    first, second = children.finish(leader), children.finish(waiter)
+    assert first["stats"] == {**first["stats"], "compiles": 1, "unpublished": 0}
+    assert second["stats"] == {**second["stats"], "hits": 1, "compiles": 0}
+    assert len(toolkit.compiles()) == 1
+    assert len(list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))) == 3
 
 
 @pytest.mark.slow

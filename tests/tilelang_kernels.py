@@ -13,16 +13,20 @@ size and element type of its own: an autotuning sweep's new kernels), ``--evict-
 kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
 (take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
 being derived), ``--record-fresh`` (a hit by the walk records the header manifest even for an
-entry compiled within the last minute) and ``--lookup-fails`` (the key's derivation raises PermissionError).
+entry compiled within the last minute) and ``--lookup-fails`` (the key's derivation raises PermissionError), ``--publish-gate PATH`` (the
+entry is packed only once PATH exists; when the compile call returns, ``PATH.returned`` says how
+many entries the cache directory held then).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
 """
 
 # No "from __future__ import annotations": TileLang evaluates the annotations of prim_funcs.
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import children
@@ -111,6 +115,20 @@ def _evict_after_get() -> None:
     kernels.load = load
 
 
+def _gate_publish(gate: Path) -> None:
+    import kernelcache.tilelang.kernels as kernels
+
+    real_pack = kernels.pack
+
+    def pack(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 300
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_pack(*args, **kwargs)
+
+    kernels.pack = pack
+
+
 def main(argv: list[str]) -> None:
     name, backend = argv[0], argv[1]
     use_kernelcache = "--upstream" not in argv
@@ -131,6 +149,8 @@ def main(argv: list[str]) -> None:
             from kernelcache.tilelang import keys
 
             keys.settled = lambda: False
+        if "--publish-gate" in argv:
+            _gate_publish(Path(argv[argv.index("--publish-gate") + 1]))
         if "--lookup-fails" in argv:
             import kernelcache.tilelang.kernels as kernels
 
@@ -151,6 +171,10 @@ def main(argv: list[str]) -> None:
     for config in configs:
         kernel = compile_kernel(name, backend, **config)
     seconds, cpu = time.perf_counter() - start, children.cpu_seconds() - cpu
+    if "--publish-gate" in argv:
+        entries = list(Path(os.environ["KERNELCACHE_DIR"]).rglob("*.kce"))
+        gate = argv[argv.index("--publish-gate") + 1]
+        Path(gate + ".returned").write_text(json.dumps({"entries": len(entries)}))
     report = {
         "seconds": seconds,
         "cpu_s": cpu,

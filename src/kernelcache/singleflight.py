@@ -312,8 +312,7 @@ class Claim:
         try:
             result = fn()
         except BaseException:
-            self._owner.events.count("compile_errors")
-            self.abandon()
+            self.fail()
             raise
         return self.publish(result, seconds=time.perf_counter() - start)
 
@@ -346,6 +345,21 @@ class Claim:
         finally:
             self._close(self.entry)
         return entry
+
+    def fail(self) -> None:
+        """The compile raised: counted (``compile_errors``), and the claim abandoned."""
+        if self._open:
+            self._owner.events.count("compile_errors")
+        self.abandon()
+
+    def hand_over(self) -> Claim:
+        """Let another thread publish or abandon this claim, after the compile (returns it).
+
+        The claim stops counting as open in this thread: a claim this thread
+        opens next (the caller's next compile) is not taken as nested in it.
+        """
+        self._leave()
+        return self
 
     def abandon(self) -> None:
         """Give the claim up without an entry: the waiters start over. Idempotent."""

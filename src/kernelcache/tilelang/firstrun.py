@@ -12,7 +12,7 @@ code generation, whose nvcc run is the compile's cost
 :func:`kernelcache.tilelang.recording.capturing`'s ``decide``):
 
 - the key is free: this process leads the compile, nvcc runs, and the caller
-  publishes the entry through :attr:`FirstRun.claim`;
+  publishes the entry through :attr:`FirstRun.claim` (after handing the kernel back);
 - the entry is there (another process compiled it while this one lowered, or
   a team tier holds it): :meth:`FirstRun.decide` raises :class:`EntryFound`,
   which ends the compile before the code generation, and the caller loads
@@ -102,19 +102,9 @@ class FirstRun:
     def outcome(self, exc: BaseException) -> Entry:
         """After the compile raised ``exc``: the entry to load, else the error to raise."""
         if self.claim is not None:
-            self.claim.abandon()  # the compile failed after the claim: the waiters go on
+            self.claim.fail()  # the compile failed after the claim: the waiters go on
         if self.error is not None:
             raise self.error
         if self.entry is not None:
             return self.entry
         raise exc
-
-    def publish(self, build: Callable[[], Entry], seconds: float) -> Entry:
-        """Store the compiled entry through the claim (abandoned if ``build`` raises)."""
-        if self.claim is None:
-            raise RuntimeError("this compile did not lead: nothing to publish")
-        try:
-            return self.claim.publish(build(), seconds=seconds)
-        except BaseException:
-            self.claim.abandon()
-            raise

@@ -3,11 +3,13 @@
 TileLang's ``KernelCache.cached`` (0.1.15) looks in memory, then calls
 ``_load_kernel_from_disk``; on ``None`` it compiles and calls
 ``_save_kernel_to_disk``. :class:`BackendHooks` replaces both on one
-backend's singleton. The load hook does the whole miss itself, inside
-:meth:`kernelcache.Cache.get_or_compile`, so of N threads, processes or
+backend's singleton. The load hook does the whole miss itself, under a
+single-flight :meth:`kernelcache.Cache.claim`, so of N threads, processes or
 machines missing one kernel at once, one runs nvcc and the others load its
 entry; upstream's compile-then-save path is never reached for the targets
-handled here (others are passed to TileLang untouched). In a first run, while
+handled here (others are passed to TileLang untouched). The compiling caller
+gets its kernel back before the entry is packed and published (TileLang's
+writers link the library again: ~0.2 s), which a non-daemon thread does. In a first run, while
 the key's fields are still being derived, the tvm_ffi compile starts first and
 its key is decided before the device code generation
 (:mod:`kernelcache.tilelang.firstrun`).
@@ -27,12 +29,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry, private_dir
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
+from kernelcache.singleflight import Claim
 from kernelcache.tilelang import keys, manifest, recording
 from kernelcache.tilelang.firstrun import FirstRun
 from kernelcache.tilelang.keys import kernel_key, pre_key, shared_fields
@@ -66,6 +70,7 @@ COUNTERS = (
     "manifest_hits",
     "bad_manifests",
     "binary_hits",  # nvcc's output found by device code (kernelcache.tilelang.binaries)
+    "unpublished",  # compiled here, but its entry could not be stored (logged)
 )
 
 
@@ -152,6 +157,17 @@ def load(entry: Entry, call: dict[str, Any]) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class Published:
+    """What a compile's entry is published and its manifest recorded under, after the
+    kernel was handed back (:meth:`BackendHooks._hand_back`)."""
+
+    pre: str | None  # the manifest's key
+    key: str
+    started: int | None  # the key walk's start (recording.walk_start)
+    meta: dict[str, Any]  # the nvcc call noted while compiling (recording.meta)
+
+
 class BackendHooks:
     """Replacements for one backend singleton's ``_load_kernel_from_disk`` and ``_save_kernel_to_disk``."""
 
@@ -200,9 +216,10 @@ class BackendHooks:
                 return found  # compiled here
             entry = found
         else:
-            kc_key, entry, compiled = self._lookup(cache, key, backend, call)
-            if compiled is not None:
+            kc_key, found, compiled = self._lookup(cache, key, backend, call)
+            if found is None:
                 return compiled
+            entry = found
         try:
             kernel = load(entry, call)
         except _LOAD_ERRORS as exc:
@@ -218,21 +235,63 @@ class BackendHooks:
 
     def _lookup(
         self, cache: Cache, key: str, backend: str, call: dict[str, Any]
-    ) -> tuple[str, Entry, Any]:
+    ) -> tuple[str, Entry | None, Any]:
         """``(key, entry, kernel compiled here or None)``: the key first, then a get or
-        a single-flight compile."""
+        a single-flight compile (its entry published after the kernel is handed back)."""
         pre, kc_key, started = self._key(cache, key, backend, call["backend_context"].target)
-        compiled: list[Any] = []
+        entry = cache.get(kc_key)
+        if entry is None:
+            claim = cache.claim(kc_key)
+            if claim.entry is None:
+                self.counters.count("misses")
+                start = time.perf_counter()
+                try:
+                    walk = recording.walk_start(cache, pre, started)
+                    with recording.capturing(started=walk) as calls:
+                        kernel = self._compile(call)
+                except BaseException:
+                    claim.fail()  # the waiters go on
+                    raise
+                published = Published(pre, kc_key, started, recording.meta(calls))
+                self._hand_back(cache, claim, kernel, call, published, time.perf_counter() - start)
+                return kc_key, None, kernel
+            entry = claim.entry
+        recording.record_later(cache, pre, kc_key, entry, started, False)
+        return kc_key, entry, None
 
-        def compile_entry() -> Entry:
-            self.counters.count("misses")
-            with recording.capturing(started=recording.walk_start(cache, pre, started)) as calls:
-                compiled.append(self._compile(call))
-            return pack(self.upstream, compiled[0], call["verbose"], recording.meta(calls))
+    def _hand_back(
+        self,
+        cache: Cache,
+        claim: Claim,
+        kernel: Any,
+        call: dict[str, Any],
+        published: Published,
+        seconds: float,
+    ) -> None:
+        """Pack and publish ``kernel``'s entry through ``claim`` after the kernel is handed
+        back (issue 23): TileLang's writers link its library again (~0.2 s of a ~1.4 s
+        compile), which the caller need not wait for; the waiters get the entry as before.
+        A non-daemon thread: the process ends after it (:func:`recording.wait` joins it)."""
+        claim.hand_over()
 
-        entry = cache.get_or_compile(kc_key, compile_entry)
-        recording.record_later(cache, pre, kc_key, entry, started, bool(compiled))
-        return kc_key, entry, compiled[0] if compiled else None
+        def publish() -> None:
+            start = time.perf_counter()
+            try:
+                entry = pack(self.upstream, kernel, call["verbose"], published.meta)
+                entry = claim.publish(entry, seconds=seconds + time.perf_counter() - start)
+            except _LOAD_ERRORS as exc:  # the kernel stays usable; the next process compiles
+                self.counters.count("unpublished")
+                logger.warning(
+                    "kernelcache: TileLang kernel %s not stored (%s)", published.key, exc
+                )
+                return
+            finally:
+                claim.abandon()  # a no-op once published; else the waiters go on
+            recording.record_now(
+                cache, published.pre, published.key, entry, published.started, True
+            )
+
+        recording.in_background(publish, "kernelcache-tilelang-publish")
 
     def _first_run(
         self, cache: Cache, key: str, backend: str, call: dict[str, Any]
@@ -259,11 +318,8 @@ class BackendHooks:
         if run.claim is None:
             return str(run.key), kernel  # TileLang went on after decide() ended it: kept as is
         self.counters.count("misses")
-        entry = run.publish(
-            lambda: pack(self.upstream, kernel, call["verbose"], recording.meta(calls)),
-            time.perf_counter() - start,
-        )
-        recording.record_later(cache, run.pre, str(run.key), entry, run.started, True)
+        published = Published(run.pre, str(run.key), run.started, recording.meta(calls))
+        self._hand_back(cache, run.claim, kernel, call, published, time.perf_counter() - start)
         return str(run.key), kernel
 
     def _key(

@@ -200,7 +200,8 @@ def meta(calls: list[dict[str, Any] | None]) -> dict[str, Any]:
 
 # --- recording ---------------------------------------------------------------
 
-#: Threads recording manifests (:func:`record_later`), for :func:`wait`.
+#: Threads that run after kernels were handed back (:func:`in_background`: entries being
+#: published, manifests being recorded), for :func:`wait`.
 RECORDING: list[threading.Thread] = []
 
 
@@ -226,24 +227,42 @@ def record_later(
     compile would otherwise all run nvcc's preprocessor for the same manifest).
     Nothing when :func:`walk_start` says none is to be recorded.
     """
-    started_ns = walk_start(cache, pre, started_ns)
+    if _to_record(cache, pre, entry, started_ns, compiled):
+        in_background(lambda: record_now(cache, pre, key, entry, started_ns, compiled))
+
+
+def _to_record(
+    cache: Cache, pre: str | None, entry: Entry, started_ns: int | None, compiled: bool
+) -> bool:
     call = entry.meta.get(CALL_META)
-    if pre is None or started_ns is None or not isinstance(call, dict):
-        return
+    if pre is None or walk_start(cache, pre, started_ns) is None or not isinstance(call, dict):
+        return False
     born = call.get("compiled_ns")
-    if not compiled and type(born) is int and 0 <= time.time_ns() - born < FRESH_NS:
-        return
-    thread = threading.Thread(
-        target=_record_logged,
-        args=(cache, pre, key, entry, call, started_ns),
-        name="kernelcache-tilelang-manifest",
-    )
+    return compiled or not (type(born) is int and 0 <= time.time_ns() - born < FRESH_NS)
+
+
+def record_now(
+    cache: Cache, pre: str | None, key: str, entry: Entry, started_ns: int | None, compiled: bool
+) -> None:
+    """:func:`record_later` in this thread (one that runs after the kernel was handed back)."""
+    if (
+        pre is not None
+        and started_ns is not None
+        and _to_record(cache, pre, entry, started_ns, compiled)
+    ):
+        _record_logged(cache, pre, key, entry, entry.meta[CALL_META], started_ns)
+
+
+def in_background(job: Callable[[], object], name: str = "kernelcache-tilelang-manifest") -> None:
+    """Run ``job`` in a non-daemon thread (the process ends after it) that :func:`wait` joins."""
+    thread = threading.Thread(target=job, name=name)
     RECORDING[:] = [t for t in RECORDING if t.is_alive()] + [thread]
     thread.start()
 
 
 def wait() -> None:
-    """Wait for the manifests being recorded (tests, benchmarks)."""
+    """Wait for what runs after kernels are handed back: entries being published, then
+    their manifests being recorded (tests, benchmarks)."""
     for thread in list(RECORDING):
         thread.join()
 
