@@ -9,9 +9,9 @@ machines missing one kernel at once, one runs nvcc and the others load its
 entry; upstream's compile-then-save path is never reached for the targets
 handled here (others are passed to TileLang untouched). The compiling caller
 gets its kernel back before the entry is packed and published (TileLang's
-writers link the library again: ~0.2 s), which a non-daemon thread does. In a first run, while
-the key's fields are still being derived, the tvm_ffi compile starts first and
-its key is decided before the device code generation
+writers link the library again: ~0.2 s), which a non-daemon thread does. In a
+first run, while the key's fields are still being derived, the tvm_ffi compile
+starts first and its key is decided before the device code generation
 (:mod:`kernelcache.tilelang.firstrun`).
 
 An entry is the file set upstream's per-backend writers produce (device and
@@ -58,6 +58,9 @@ _WRITERS = (
 )
 # Errors from loading a stored library: the entry is unusable, a miss, never a crash.
 _LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, TypeError, CorruptEntry, StoreError)
+# Errors from storing a compiled kernel (TileLang's writers: TVM raises RuntimeError; the
+# store): counted and logged, the kernel stays usable.
+_STORE_ERRORS = _LOAD_ERRORS
 
 
 #: What ``kernelcache.tilelang.stats()`` counts.
@@ -279,7 +282,7 @@ class BackendHooks:
             try:
                 entry = pack(self.upstream, kernel, call["verbose"], published.meta)
                 entry = claim.publish(entry, seconds=seconds + time.perf_counter() - start)
-            except _LOAD_ERRORS as exc:  # the kernel stays usable; the next process compiles
+            except _STORE_ERRORS as exc:  # the kernel stays usable; the next process compiles
                 self.counters.count("unpublished")
                 logger.warning(
                     "kernelcache: TileLang kernel %s not stored (%s)", published.key, exc
