@@ -167,5 +167,6 @@ def get_records() -> AutotuneCache:
 
 
 def stats() -> dict[str, int]:
-    """This process's hits, misses, compiles, unusable entries and pass-throughs."""
+    """This process's hits, misses, compiles, unusable entries, pass-throughs and entries it
+    could not store (``unpublished``), among others (:data:`kernels.COUNTERS`)."""
     return _state.counters.snapshot()
