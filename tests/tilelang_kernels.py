@@ -13,7 +13,7 @@ size and element type of its own: an autotuning sweep's new kernels), ``--evict-
 kernelcache's lookup and the load: another process's eviction, injected), ``--first-run``
 (take the first-run path, kernelcache.tilelang.firstrun, as if the key's fields were still
 being derived), ``--record-fresh`` (a hit by the walk records the header manifest even for an
-entry compiled within the last minute) and ``--lookup-fails`` (the key's derivation raises PermissionError), ``--publish-gate PATH`` (the
+entry compiled within the last minute), ``--lookup-fails`` (the key's derivation raises PermissionError) and ``--publish-gate PATH`` (the
 entry is packed only once PATH exists; when the compile call returns, ``PATH.returned`` says how
 many entries the cache directory held then).
 The GPU-free targets name an architecture (the bare "cuda" target means sm_50).
@@ -174,7 +174,8 @@ def main(argv: list[str]) -> None:
     if "--publish-gate" in argv:
         entries = list(Path(os.environ["KERNELCACHE_DIR"]).rglob("*.kce"))
         gate = argv[argv.index("--publish-gate") + 1]
-        Path(gate + ".returned").write_text(json.dumps({"entries": len(entries)}))
+        Path(gate + ".part").write_text(json.dumps({"entries": len(entries)}))
+        os.replace(gate + ".part", gate + ".returned")  # whole when the test sees it
     report = {
         "seconds": seconds,
         "cpu_s": cpu,
