@@ -55,9 +55,7 @@ def exists_afresh(path: str) -> bool:
     here (one round trip). When nothing was there, the file it made is removed again.
     """
     try:
-        fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-        )
+        fd = os.open(path, _CREATE, 0o600)
     except FileExistsError:
         return True
     os.close(fd)  # nothing was there: ours, made just now

@@ -16,6 +16,7 @@ and the key they vouch for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -227,30 +228,32 @@ def record_later(
     compile would otherwise all run nvcc's preprocessor for the same manifest).
     Nothing when :func:`walk_start` says none is to be recorded.
     """
-    if _to_record(cache, pre, entry, started_ns, compiled):
-        in_background(lambda: record_now(cache, pre, key, entry, started_ns, compiled))
-
-
-def _to_record(
-    cache: Cache, pre: str | None, entry: Entry, started_ns: int | None, compiled: bool
-) -> bool:
-    call = entry.meta.get(CALL_META)
-    if pre is None or walk_start(cache, pre, started_ns) is None or not isinstance(call, dict):
-        return False
-    born = call.get("compiled_ns")
-    return compiled or not (type(born) is int and 0 <= time.time_ns() - born < FRESH_NS)
+    job = _recording(cache, pre, key, entry, started_ns, compiled)
+    if job is not None:
+        in_background(job)
 
 
 def record_now(
     cache: Cache, pre: str | None, key: str, entry: Entry, started_ns: int | None, compiled: bool
 ) -> None:
     """:func:`record_later` in this thread (one that runs after the kernel was handed back)."""
-    if (
-        pre is not None
-        and started_ns is not None
-        and _to_record(cache, pre, entry, started_ns, compiled)
-    ):
-        _record_logged(cache, pre, key, entry, entry.meta[CALL_META], started_ns)
+    job = _recording(cache, pre, key, entry, started_ns, compiled)
+    if job is not None:
+        job()
+
+
+def _recording(
+    cache: Cache, pre: str | None, key: str, entry: Entry, started_ns: int | None, compiled: bool
+) -> Callable[[], None] | None:
+    """The recording of ``entry``'s manifest, or ``None`` when none is to be recorded."""
+    call = entry.meta.get(CALL_META)
+    started_ns = walk_start(cache, pre, started_ns)
+    if pre is None or started_ns is None or not isinstance(call, dict):
+        return None
+    born = call.get("compiled_ns")
+    if not compiled and type(born) is int and 0 <= time.time_ns() - born < FRESH_NS:
+        return None
+    return functools.partial(_record_logged, cache, pre, key, entry, call, started_ns)
 
 
 def in_background(job: Callable[[], object], name: str = "kernelcache-tilelang-manifest") -> None:
