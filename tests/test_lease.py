@@ -126,6 +126,17 @@ def test_threads_are_excluded(tmp_path: Path) -> None:
     assert overlaps == []
 
 
+def _released_record(path: str) -> bytes:
+    """The record of a lease this process took and released: one it judges left behind."""
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    record = read_record(path)
+    holder.release()
+    assert record is not None
+    assert dead_here(record)
+    return record
+
+
 def test_no_thread_creates_the_lease_while_another_thread_has_it_away(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,12 +146,7 @@ def test_no_thread_creates_the_lease_while_another_thread_has_it_away(
     in that moment found the name free, and two threads held the lease
     (``test_threads_are_excluded`` failed 1 run in ~700 so)."""
     path = str(tmp_path / "k.lease")
-    first = LeaseLock(path, lease=3600)
-    assert first.acquire(0)
-    seen = read_record(path)
-    first.release()
-    assert seen is not None
-    assert dead_here(seen)  # what the waiter judges from the record it read
+    seen = _released_record(path)  # what the waiter read, and judges left behind
     newer = LeaseLock(path, lease=3600)
     assert newer.acquire(0)
     held = read_record(path)
@@ -393,14 +399,9 @@ def test_a_holder_keeps_renewing_after_another_take_had_its_lease_away(tmp_path:
 
 def test_a_lease_this_process_no_longer_holds_is_taken_at_once(tmp_path: Path) -> None:
     path = str(tmp_path / "k.lease")
-    holder = LeaseLock(path, lease=3600)
-    assert holder.acquire(0)
-    left = read_record(path)
-    holder.release()
-    assert left is not None
+    left = _released_record(path)
     with open(path, "wb") as f:  # as if the release had failed and the mark too
         f.write(left)
-    assert dead_here(left)
     waiter = LeaseLock(path, lease=3600)
     assert waiter.acquire(0)
     assert not dead_here(read_record(path) or b"")
