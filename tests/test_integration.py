@@ -19,6 +19,7 @@ from kernelcache.cache import Cache
 from kernelcache.integration import Counters, Integration
 from kernelcache.patching import Patches
 from kernelcache.stores.memory import MemoryStore
+from kernelcache.versions import Range
 
 
 def _module(name: str) -> Any:
@@ -86,7 +87,7 @@ def test_a_hook_that_fails_half_way_leaves_nothing_patched() -> None:
         patches.set(target, "f", 2)
         raise RuntimeError("seam moved")
 
-    shape = Integration("x", tool="X", supported=("1",), counters=(), hook=hook)
+    shape = Integration("x", tool="X", tested=Range("1", "1"), seams=(), counters=(), hook=hook)
     with pytest.raises(RuntimeError, match="seam moved"):
         shape.install("1", None, {})
     assert target.f == 1
@@ -97,15 +98,10 @@ def _never(patches: Patches) -> None:
     pytest.fail("an unsupported version was patched")
 
 
-def test_unsupported_version_warns_and_patches_nothing() -> None:
-    shape = Integration("x", tool="X", supported=("1",), counters=(), hook=_never)
-    with pytest.warns(RuntimeWarning, match="supports X 1, not 2: X keeps its own cache"):
-        assert shape.install("2", None, {}) is False
-    assert not shape.installed()
-
-
 def test_derived_objects_are_rebuilt_after_a_new_cache() -> None:
-    shape = Integration("x", tool="X", supported=("1",), counters=(), hook=lambda p: None)
+    shape = Integration(
+        "x", tool="X", tested=Range("1", "1"), seams=(), counters=(), hook=lambda p: None
+    )
     shape.install("1", _cache(), {"device": "d"})
     first = shape.derived("records", object)
     assert shape.derived("records", object) is first

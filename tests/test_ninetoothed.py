@@ -143,9 +143,10 @@ def test_uninstall_restores_make_and_caches() -> None:
     assert (ninetoothed.make, ninetoothed.build, os.environ.get("TRITON_CACHE_MANAGER")) == before
 
 
-def test_unsupported_version_keeps_ninetoothed_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kcn, "_ninetoothed_version", lambda: "0.25.0")
-    with pytest.warns(RuntimeWarning, match="keeps its own caches"):
+def test_a_release_without_a_seam_keeps_ninetoothed_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kcn, "_ninetoothed_version", lambda: "0.27.0")
+    monkeypatch.setattr(kcn._state, "seams", (*kcn.SEAMS, "ninetoothed.make:gone"))  # noqa: SLF001
+    with pytest.warns(RuntimeWarning, match="lacks ninetoothed.make:gone .*keeps its own caches"):
         assert kcn.install() is False
     assert not kcn.installed()
 

@@ -88,7 +88,8 @@ def test_settings_are_immutable_values_that_never_show_the_secret() -> None:
 
 def test_one_field_list_names_every_variable() -> None:
     assert tuple(f"KERNELCACHE_{v}" for v in (
-        "DIR", "MAX_SIZE", "MEMORY_MAX_SIZE", "LOCAL", "REMOTE", "DISABLE", "READONLY", "SECRET"
+        "DIR", "MAX_SIZE", "MEMORY_MAX_SIZE", "LOCAL", "REMOTE", "DISABLE", "READONLY", "SECRET",
+        "STRICT_VERSIONS",
     )) == VARIABLES  # fmt: skip
     loaded = Settings.load(
         environ={"KERNELCACHE_READONLY": "1", "KERNELCACHE_MEMORY_MAX_SIZE": "1M"}

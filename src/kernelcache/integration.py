@@ -9,8 +9,10 @@ replacing a few of the tool's own names. What they share lives here, once:
 - the patches (:class:`~kernelcache.patching.Patches`), applied on the first
   :meth:`Integration.install` and undone exactly by :meth:`Integration.uninstall`;
 - the counters that each integration's ``stats()`` reports;
-- the version check against the integration's ``SUPPORTED_VERSIONS``: any
-  other version keeps its own cache, with a warning;
+- the version check (:mod:`kernelcache.versions`): a release inside the
+  integration's tested range installs; one outside it installs with one
+  warning if every seam it needs is there; one lacking a seam keeps its own
+  cache, with one line that names the seam;
 - :meth:`Integration.enabled`, which restores exactly the state before the
   block: a nested ``enabled(cache=B)`` inside ``install(cache=A)`` leaves A
   installed afterwards (issue 19, item 10).
@@ -24,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from kernelcache.cache import Cache
 from kernelcache.patching import Patches
+from kernelcache.versions import Range, Seam, Support, decide
 
-__all__ = ["Counters", "Integration"]
+__all__ = ["Counters", "Integration", "UntestedVersionWarning"]
 
 T = TypeVar("T")
 
@@ -53,6 +56,10 @@ class Counters:
             return dict(self.values)
 
 
+class UntestedVersionWarning(RuntimeWarning):
+    """An integration installed over a release of its tool outside its tested range."""
+
+
 class Integration:
     """The life cycle of one integration: state, patches, counters, versions.
 
@@ -67,12 +74,13 @@ class Integration:
         name: str,
         *,
         tool: str,
-        supported: tuple[str, ...],
+        tested: Range,
+        seams: Sequence[Seam],
         counters: Iterable[str],
         hook: Callable[[Patches], None],
         keeps: str = "its own cache",
     ) -> None:
-        self.name, self.tool, self.supported, self.keeps = name, tool, supported, keeps
+        self.name, self.tool, self.tested, self.seams, self.keeps = name, tool, tested, seams, keeps
         self.lock = threading.RLock()
         self.patches = Patches()
         self.counters = Counters(counters)
@@ -80,6 +88,7 @@ class Integration:
         self.options: dict[str, Any] = {}
         self._derived: dict[str, Any] = {}
         self._hook = hook
+        self._warned: set[str] = set()  # untested versions already warned about
 
     # State -----------------------------------------------------------------
     def get_cache(self) -> Cache:
@@ -111,18 +120,29 @@ class Integration:
     def installed(self) -> bool:
         return bool(self.patches)
 
+    def support(self, version: str) -> Support:
+        """What this integration does with ``version`` of its tool; no warning."""
+        return decide(self.tool, version, self.tested, self.seams)
+
     def supports(self, version: str, *, stacklevel: int = 2) -> bool:
-        """Whether ``version`` of the tool is one the seams were read from; warns if not
-        (``stacklevel`` as for :func:`warnings.warn`, counted from the caller)."""
-        if version in self.supported:
-            return True
-        warnings.warn(
-            f"kernelcache.{self.name} supports {self.tool} {', '.join(self.supported)}, "
-            f"not {version}: {self.tool} keeps {self.keeps}",
-            RuntimeWarning,
-            stacklevel=stacklevel + 1,
-        )
-        return False
+        """Whether to install over ``version``: warns once for an untested release with
+        every seam there, and on every refusal (``stacklevel`` as for
+        :func:`warnings.warn`, counted from the caller)."""
+        verdict = self.support(version)
+        if verdict.status == "refused":
+            warnings.warn(
+                f"kernelcache.{self.name}: {verdict.reason}: {self.tool} keeps {self.keeps}",
+                RuntimeWarning,
+                stacklevel=stacklevel + 1,
+            )
+        elif verdict.status == "untested" and version not in self._warned:
+            self._warned.add(version)
+            warnings.warn(
+                f"kernelcache.{self.name}: {verdict.reason}; installing",
+                UntestedVersionWarning,
+                stacklevel=stacklevel + 1,
+            )
+        return verdict.installs
 
     def install(self, version: str, cache: Cache | None, options: dict[str, Any]) -> bool:
         """Use ``cache`` and ``options`` and patch once; ``False`` for an unsupported version."""

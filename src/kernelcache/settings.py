@@ -128,6 +128,11 @@ class Settings:
     secret: str | None = dataclasses.field(
         default=None, repr=False, metadata=_variable("SECRET", _parse_secret)
     )
+    #: Integrations refuse every release of their tool outside the tested range
+    #: (by default, an untested release with every seam present installs with a warning).
+    strict_versions: bool = dataclasses.field(
+        default=False, metadata=_variable("STRICT_VERSIONS", _parse_bool)
+    )
     #: Where each value came from: "argument", "environment KERNELCACHE_X" or "default".
     sources: dict[str, str] = dataclasses.field(
         default_factory=dict, compare=False, repr=False, metadata={}
@@ -187,3 +192,14 @@ def _check_names(given: Mapping[str, Any]) -> None:
     unknown = set(given) - {f.name for f in _SETTINGS}
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """One boolean setting read from the environment alone, without loading the others
+    (an integration's ``install()`` must not fail on an unrelated slip elsewhere)."""
+    field = next((f for f in _SETTINGS if f.name == name), None)
+    if field is None or field.type not in (bool, "bool"):
+        raise ConfigError(f"no boolean setting {name!r}")
+    env = os.environ if environ is None else environ
+    var = field.metadata["variable"]
+    return bool(_parse_bool(var, env[var])) if var in env else bool(field.default)

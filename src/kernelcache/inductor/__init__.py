@@ -54,9 +54,11 @@ except ModuleNotFoundError as exc:
 from kernelcache.cache import DEFAULT_TIMEOUT, Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
+from kernelcache.versions import Range, Seam
 
 __all__ = [
-    "SUPPORTED_VERSIONS",
+    "SEAMS",
+    "TESTED",
     "enabled",
     "get_cache",
     "install",
@@ -67,8 +69,8 @@ __all__ = [
 
 logger = logging.getLogger("kernelcache.inductor")
 
-#: torch versions whose cache internals the hooks were read from.
-SUPPORTED_VERSIONS = ("2.13.0",)
+#: torch releases the hooks were tested on.
+TESTED = Range("2.10", "2.15")
 COUNTERS = ("hits", "misses", "waits", "puts", "unusable", "team_refused")
 CPP_MODULE = "kernelcache.inductor.cpp"
 #: Opt-in to reading a team tier whose entries are not signed.
@@ -85,6 +87,15 @@ SWITCHES = (
     ("torch._inductor.config", "fx_graph_remote_cache", "fx_graph_cache"),
     ("torch._functorch.config", "enable_remote_autograd_cache", "enable_autograd_cache"),
     ("torch._inductor.config", "autotune_remote_cache", "autotune_local_cache"),
+)
+
+#: What :func:`install` needs of the installed torch (probed, whatever its version).
+SEAMS: tuple[Seam, ...] = (
+    *(f"torch._inductor.remote_cache:{name}.backend_override_cls" for name in OVERRIDDEN),
+    "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache.get_remote_cache",
+    "torch._dynamo.callback:callback_handler.register_end_callback",
+    "torch.utils._config_module:_UNSET_SENTINEL",
+    *(f"{module}:{name}" for module, name, _ in SWITCHES),
 )
 
 
@@ -133,7 +144,7 @@ def _cpp_hooks(patches: Patches) -> None:
 
 
 _state = Integration(
-    "inductor", tool="torch", supported=SUPPORTED_VERSIONS, counters=COUNTERS, hook=_hook
+    "inductor", tool="torch", tested=TESTED, seams=SEAMS, counters=COUNTERS, hook=_hook
 )
 
 

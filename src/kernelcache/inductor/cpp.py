@@ -24,7 +24,7 @@ means here (~15 ms) and each ISA probe's ``dlopen`` in a child Python
 key, then remembered by the headers' stats: :mod:`kernelcache.inductor.headers`).
 
 torch has no seam for builds, so the hooks replace three names (the table
-below, read from the torch versions in :data:`SUPPORTED_VERSIONS`).
+below, probed as :data:`SEAMS` whatever torch's version: :mod:`kernelcache.versions`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -46,11 +47,9 @@ from kernelcache.singleflight import carried
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.sqlite import SQLiteStore
+from kernelcache.versions import Seam, missing_seams
 
-__all__ = ["SUPPORTED_VERSIONS", "install", "stats"]
-
-#: torch versions whose builder internals the hooks were read from.
-SUPPORTED_VERSIONS = ("2.13.0",)
+__all__ = ["SEAMS", "install", "stats"]
 
 # The seams, all read from torch 2.13.0:
 # torch._inductor.cpp_builder.CppBuilder.build: runs one compiler command. Its
@@ -69,6 +68,13 @@ HEADER_DIR = "_HEADER_DIR"  # codecache: where torch keeps precompiled headers
 INCLUDES, REMOTE, PREPROCESSING = "_include_dirs_args", "_use_relative_path", "_preprocessing"
 PRECOMPILING = "_precompiling"  # the build makes a precompiled header
 SUBMIT = "submit"
+#: What :func:`install` needs of the installed torch; without one of them, no C++ hooks.
+SEAMS: tuple[Seam, ...] = (
+    f"torch._inductor.cpp_builder:CppBuilder.{BUILD}",
+    f"torch._inductor.codecache:{PRECOMPILE}",
+    f"torch._inductor.codecache:{HEADER_DIR}",
+    f"torch._inductor.async_compile:AsyncCompile.{SUBMIT}",
+)
 
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
@@ -262,15 +268,22 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
     """Route Inductor's C++ builds through ``get_cache()``; every change goes into ``patches``.
 
     ``get_cache`` is called per build, so a later install with another cache
-    needs no re-patching. For torch versions outside :data:`SUPPORTED_VERSIONS`
-    nothing is patched (the caller warns).
+    needs no re-patching. A torch without one of :data:`SEAMS` gets no C++ hooks, with
+    one warning naming the seam (the graph caches above still work).
     """
     import torch
     from torch._inductor import codecache, cpp_builder
     from torch._inductor.async_compile import AsyncCompile
 
     version = str(torch.__version__).split("+", 1)[0]
-    if version not in SUPPORTED_VERSIONS:
+    lacking = missing_seams(SEAMS)
+    if lacking:
+        warnings.warn(
+            f"kernelcache.inductor: torch {version} lacks {lacking[0]}: "
+            "its C++ builds keep no kernelcache entries",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return
     headers = LazyHeaders(getattr(codecache, PRECOMPILE), getattr(codecache, HEADER_DIR))
     hook = BuildHook(getattr(cpp_builder.CppBuilder, BUILD), get_cache, headers, version)

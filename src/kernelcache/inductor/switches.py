@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from torch.utils._config_module import _UNSET_SENTINEL  # version-pinned: SUPPORTED_VERSIONS
+from torch.utils._config_module import _UNSET_SENTINEL  # a seam: kernelcache.inductor.SEAMS
 
 from kernelcache.patching import Patches
 

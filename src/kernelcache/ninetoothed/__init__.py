@@ -4,7 +4,7 @@
 >>> kernelcache.ninetoothed.install()
 >>> kernel = ninetoothed.make(arrangement, application, tensors)   # memoised handle
 
-:func:`install` (ninetoothed 0.26.0) makes four changes, each undone by :func:`uninstall`:
+:func:`install` (ninetoothed :data:`TESTED`) makes four changes, each undone by :func:`uninstall`:
 
 - generated sources are written atomically and named by source and kernel
   name (:mod:`kernelcache.ninetoothed.source`): the concurrent
@@ -20,7 +20,8 @@
   (``TRITON_CACHE_MANAGER=kernelcache.triton:CacheManager``, also seen by the
   ``triton.tools.compile`` processes of the AOT path).
 
-Other ninetoothed versions keep their own caches, with a warning.
+Another release installs with one warning when every name in :data:`SEAMS` is
+there; one lacking a seam keeps its own caches, with a line naming it.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ from kernelcache.ninetoothed.autotune import TunerHooks
 from kernelcache.ninetoothed.handles import MakeMemo
 from kernelcache.ninetoothed.outputs import OutputCache
 from kernelcache.patching import Patches
+from kernelcache.versions import Range, Seam
 
 __all__ = [
-    "SUPPORTED_VERSIONS",
+    "SEAMS",
+    "TESTED",
     "TRITON_CACHE_MANAGER",
     "enabled",
     "get_cache",
@@ -61,14 +64,23 @@ __all__ = [
     "uninstall",
 ]
 
-#: ninetoothed versions whose internals the hooks were written against.
-SUPPORTED_VERSIONS = ("0.26.0",)
+#: ninetoothed releases the hooks were tested on.
+TESTED = Range("0.24", "0.26")
 TRITON_CACHE_MANAGER = "kernelcache.triton:CacheManager"
 # The upstream names replaced (read from 0.26.0): module -> attribute.
 CACHE_SOURCE = ("ninetoothed.generation", "cache_source")
 DEBUG_CACHE_SOURCE = ("ninetoothed.debugging", "cache_source")  # imported by name there
 MAKE_AOT = ("ninetoothed.make", "aot")  # make() calls aot() through this global
 GET_TIMINGS = "_get_timings"  # ninetoothed.auto_tuner.AutoTuner
+#: What :func:`install` needs of the installed ninetoothed (probed, whatever its version).
+SEAMS: tuple[Seam, ...] = (
+    ":".join(CACHE_SOURCE),
+    ":".join(DEBUG_CACHE_SOURCE),
+    ":".join(MAKE_AOT),
+    "ninetoothed.make:make",
+    "ninetoothed.build:build",
+    f"ninetoothed.auto_tuner:AutoTuner.{GET_TIMINGS}",
+)
 COUNTERS = ("make_hits", "make_misses", "output_hits", "output_compiles", "autotune_runs")
 
 
@@ -114,7 +126,8 @@ def _hook(patches: Patches) -> None:
 _state = Integration(
     "ninetoothed",
     tool="ninetoothed",
-    supported=SUPPORTED_VERSIONS,
+    tested=TESTED,
+    seams=SEAMS,
     counters=COUNTERS,
     hook=_hook,
     keeps="its own caches",

@@ -17,9 +17,10 @@ leaves out (:mod:`kernelcache.tilelang.binaries`).
 results go through :mod:`kernelcache.autotune`, keyed by GPU model
 (:mod:`kernelcache.tilelang.autotune`).
 
-Only the TileLang versions in :data:`SUPPORTED_VERSIONS` are patched (the
-hooks replace private methods, read from those versions); with any other,
-:func:`install` warns and TileLang keeps its own cache.
+The hooks replace private methods (:data:`SEAMS`), read from the releases in
+:data:`TESTED`. Another release installs with one warning when every seam is
+there; one lacking a seam is refused with a line naming it, and TileLang keeps
+its own cache (:mod:`kernelcache.versions`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from kernelcache.tilelang import firstrun, keys, recording
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.binaries import BinaryHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
+from kernelcache.versions import Range, Seam
 
 __all__ = [
-    "SUPPORTED_VERSIONS",
+    "SEAMS",
+    "TESTED",
     "enabled",
     "get_cache",
     "get_records",
@@ -57,8 +60,8 @@ __all__ = [
     "uninstall",
 ]
 
-#: TileLang versions whose cache internals the hooks were written against.
-SUPPORTED_VERSIONS = ("0.1.15",)
+#: TileLang releases the hooks were tested on.
+TESTED = Range("0.1.13", "0.1.15")
 
 # The upstream names replaced, all read from TileLang 0.1.15 (the table of seams).
 DISPATCH_MAP = "_dispatch_map"  # tilelang.cache: backend name -> KernelCache singleton
@@ -68,6 +71,16 @@ TUNER_LOAD = "_load_result_from_disk"
 TUNER_SAVE = "_save_result_to_disk"
 COMPILE_CUDA = "compile_cuda"  # tilelang.contrib.nvcc: tilelang.cuda.backend calls it by module
 DEVICE_CODEGEN = "device_codegen"  # tilelang.engine.lower: called by name, before nvcc
+#: What :func:`install` needs of the installed TileLang (probed, whatever its version).
+SEAMS: tuple[Seam, ...] = (
+    f"tilelang.cache:{DISPATCH_MAP}",
+    f"tilelang.contrib.nvcc:{COMPILE_CUDA}",
+    f"tilelang.engine.lower:{DEVICE_CODEGEN}",
+    "tilelang.cache.cuda_binary_cache:CUDABinaryCache.load",
+    "tilelang.cache.cuda_binary_cache:CUDABinaryCache.save",
+    f"tilelang.autotuner.tuner:AutoTuner.{TUNER_LOAD}",
+    f"tilelang.autotuner.tuner:AutoTuner.{TUNER_SAVE}",
+)
 
 
 def _hook(patches: Patches) -> None:
@@ -105,7 +118,7 @@ def _hook(patches: Patches) -> None:
 
 
 _state = Integration(
-    "tilelang", tool="TileLang", supported=SUPPORTED_VERSIONS, counters=COUNTERS, hook=_hook
+    "tilelang", tool="TileLang", tested=TESTED, seams=SEAMS, counters=COUNTERS, hook=_hook
 )
 
 
