@@ -158,6 +158,20 @@ def installed(venv: Path, integration: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def commit() -> str:
+    """The checkout's commit, ``+changes`` when its files differ from it."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def counts(junit: Path) -> dict[str, int]:
     suites = ET.parse(junit).getroot()
     total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -192,6 +206,7 @@ def run(cell: Cell, base: Path) -> dict[str, object]:
             log(f"{cell.label}: its venv could not be built: {exc}")
             return {**result, "result": "no venv", "why": str(exc)}
     result["installed"] = installed(venv, cell.integration)
+    result["commit"] = commit()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="kc-matrix-") as tmp:
