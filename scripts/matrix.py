@@ -25,6 +25,7 @@ failed or its venv could not be built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -62,6 +63,7 @@ class Cell:
     pip: str  # the pip field as written: " ; " between invocations
     pytest: list[str]
     ci: bool
+    ci_pytest: list[str] = dataclasses.field(default_factory=list)  # added in CI only
 
     @property
     def name(self) -> str:
@@ -93,14 +95,16 @@ def read_cells(path: Path = CELLS) -> list[Cell]:
         if not line or line.startswith("#"):
             continue
         fields = [f.strip() for f in line.split("|")]
-        if len(fields) != 4 or len(fields[0].split()) != 2 or fields[3] not in ("ci", "-"):
+        ci = shlex.split(fields[3]) if len(fields) == 4 else []
+        valid = len(fields[0].split()) == 2 and (ci[:1] == ["ci"] or ci == ["-"])
+        if not valid:
             raise SystemExit(
                 f"{path}:{number}: expected '<integration> <version> | <pip arguments> | "
-                f"<pytest arguments> | ci or -', got {raw!r}"
+                f"<pytest arguments> | ci [pytest arguments for CI] or -', got {raw!r}"
             )
         integration, version = fields[0].split()
         cells.append(
-            Cell(integration, version, fields[1], shlex.split(fields[2]), fields[3] == "ci")
+            Cell(integration, version, fields[1], shlex.split(fields[2]), ci[0] == "ci", ci[1:])
         )
     return cells
 
@@ -186,7 +190,7 @@ def counts(junit: Path) -> dict[str, int]:
     }
 
 
-def run(cell: Cell, base: Path) -> dict[str, object]:
+def run(cell: Cell, base: Path, ci: bool = False) -> dict[str, object]:
     started = time.monotonic()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     result: dict[str, object] = {
@@ -194,7 +198,7 @@ def run(cell: Cell, base: Path) -> dict[str, object]:
         "version": cell.version,
         "date": date,
         "ci": cell.ci,
-        "pytest": shlex.join(cell.pytest),
+        "pytest": shlex.join(pytest_args := [*cell.pytest, *(cell.ci_pytest if ci else [])]),
     }
     base.mkdir(parents=True, exist_ok=True)
     # One build of a venv at a time, whoever runs the matrix (two checkouts, say).
@@ -212,7 +216,7 @@ def run(cell: Cell, base: Path) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="kc-matrix-") as tmp:
         junit = Path(tmp) / "junit.xml"
         command = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
-        command += ["-q", "--durations=5", f"--junitxml={junit}", *cell.pytest]
+        command += ["-q", "--durations=5", f"--junitxml={junit}", *pytest_args]
         log(f"{cell.label}: {shlex.join(command[1:])}")
         proc = subprocess.run(command, cwd=ROOT, env=env)
         found = counts(junit) if junit.exists() else {"passed": 0, "failed": 0, "errors": 1}
@@ -292,14 +296,13 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"matrix: no cell matches {args.integration} {args.version or ''}")
     if args.list:
         for cell in chosen:
-            print(
-                f"{cell.label}\t{'ci' if cell.ci else '-'}\t{cell.pip}\t{shlex.join(cell.pytest)}"
-            )
+            ci = shlex.join(["ci", *cell.ci_pytest]) if cell.ci else "-"
+            print(f"{cell.label}\t{ci}\t{cell.pip}\t{shlex.join(cell.pytest)}")
         return 0
     base = Path(
         os.environ.get("KERNELCACHE_MATRIX_DIR") or Path.home() / ".cache" / "kernelcache-matrix"
     )
-    results = [run(cell, base) for cell in chosen]
+    results = [run(cell, base, args.ci) for cell in chosen]
     if not args.ci:
         record(results)
         render(cells)

@@ -54,6 +54,13 @@ def test_a_malformed_cell_names_its_line(matrix: ModuleType, tmp_path: Path) -> 
     cells.write_text("# comment\n\ntorch 2.10.0 | torch==2.10.0 | tests | sometimes\n")
     with pytest.raises(SystemExit, match=r"cells:3: expected"):
         matrix.read_cells(cells)
+    cells.write_text('torch 2.10.0 | torch==2.10.0 | tests | ci -m "not slow"\n')
+    [cell] = matrix.read_cells(cells)
+    assert cell.ci
+    assert cell.ci_pytest == ["-m", "not slow"]
+    cells.write_text("torch 2.10.0 | torch==2.10.0 | tests | - -m fast\n")
+    with pytest.raises(SystemExit, match=r"cells:1: expected"):
+        matrix.read_cells(cells)
 
 
 def test_the_table_shows_each_cell_and_its_last_result(
