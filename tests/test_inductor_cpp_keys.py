@@ -12,8 +12,16 @@ import pytest
 pytest.importorskip("torch")
 
 from kernelcache import Cache, _fs
-from kernelcache.inductor import cpp
-from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key, directives
+from kernelcache.inductor import cpp, cpp_keys
+from kernelcache.inductor.cpp_keys import (
+    FIELDS,
+    Build,
+    HeaderScans,
+    Uncacheable,
+    build_key,
+    directives,
+    missing_fields,
+)
 from kernelcache.inductor.headers import dependencies
 from kernelcache.patching import Patches
 from kernelcache.stores.memory import MemoryStore
@@ -115,6 +123,24 @@ def test_install_and_restore_put_torch_back_exactly() -> None:
     assert vars(codecache)[cpp.PRECOMPILE] is not before[1]
     patches.restore()
     assert (cpp_builder.CppBuilder.__dict__["build"], vars(codecache)[cpp.PRECOMPILE]) == before
+
+
+def test_a_builder_without_a_field_the_keys_read_gets_no_hooks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._inductor import cpp_builder
+
+    assert missing_fields(cpp_builder.CppBuilder) == []
+    assert missing_fields(type("Bare", (), {"get_command_line": lambda self: ""})) == [
+        f for f in FIELDS if f != "get_command_line"
+    ]
+    before = cpp_builder.CppBuilder.__dict__["build"]
+    monkeypatch.setattr(cpp_keys, "FIELDS", (*FIELDS, "_renamed_in_a_later_torch"))
+    patches = Patches()
+    with pytest.warns(RuntimeWarning, match=r"lacks CppBuilder\._renamed_in_a_later_torch"):
+        cpp.install(patches, lambda: pytest.fail("the cache was asked"))
+    assert cpp_builder.CppBuilder.__dict__["build"] is before
+    patches.restore()
 
 
 def test_builds_skip_the_memory_tier_and_memos_stay_local(tmp_path: Path) -> None:

@@ -40,7 +40,13 @@ from typing import Any
 from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
-from kernelcache.inductor.cpp_keys import Build, HeaderScans, Uncacheable, build_key
+from kernelcache.inductor.cpp_keys import (
+    Build,
+    HeaderScans,
+    Uncacheable,
+    build_key,
+    missing_fields,
+)
 from kernelcache.inductor.headers import Load, Save
 from kernelcache.patching import Patches
 from kernelcache.singleflight import carried
@@ -268,8 +274,9 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
     """Route Inductor's C++ builds through ``get_cache()``; every change goes into ``patches``.
 
     ``get_cache`` is called per build, so a later install with another cache
-    needs no re-patching. A torch without one of :data:`SEAMS` gets no C++ hooks, with
-    one warning naming the seam (the graph caches above still work).
+    needs no re-patching. A torch without one of :data:`SEAMS`, or whose ``CppBuilder``
+    lacks a field a key reads (:data:`kernelcache.inductor.cpp_keys.FIELDS`), gets no
+    C++ hooks, with one warning naming it (the graph caches above still work).
     """
     import torch
     from torch._inductor import codecache, cpp_builder
@@ -277,6 +284,8 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
 
     version = str(torch.__version__).split("+", 1)[0]
     lacking = missing_seams(SEAMS)
+    if not lacking:
+        lacking = [f"CppBuilder.{f}" for f in missing_fields(cpp_builder.CppBuilder)]
     if lacking:
         warnings.warn(
             f"kernelcache.inductor: torch {version} lacks {lacking[0]}: "

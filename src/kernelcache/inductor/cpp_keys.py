@@ -50,6 +50,28 @@ _DIRECTIVE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)")
 SOURCES, INCLUDES, DEFINES = "_sources_args", "_include_dirs_args", "_definitions_args"
 CFLAGS, PASSTHROUGH = "_cflags_args", "_passthrough_parameters_args"
 PRECOMPILING, COMPILE_ONLY = "_precompiling", "_compile_only"
+#: Everything of a ``CppBuilder`` the hooks read (cpp.py's own fields included).
+FIELDS = (
+    SOURCES, INCLUDES, DEFINES, CFLAGS, PASSTHROUGH, PRECOMPILING, COMPILE_ONLY,
+    "_preprocessing", "_use_relative_path", "get_command_line", "get_target_file_path",
+)  # fmt: skip
+
+
+def missing_fields(builder_class: type) -> list[str]:
+    """The :data:`FIELDS` that ``builder_class`` neither has nor sets in its code.
+
+    They are instance attributes, so :func:`kernelcache.versions.missing_seams`
+    cannot see them: a field counts as there when a method of the class (or a
+    base) names it, which is how ``self._sources_args = ...`` in ``__init__`` shows.
+    A torch that renamed one gets no C++ hooks, rather than a hook that fails.
+    """
+    names: set[str] = set()
+    for klass in builder_class.__mro__:
+        for member in vars(klass).values():
+            code = getattr(member, "__code__", None)
+            if code is not None:
+                names.update(code.co_names)
+    return [f for f in FIELDS if f not in names and not hasattr(builder_class, f)]
 
 
 def _args(builder: Any, field: str) -> list[str]:
