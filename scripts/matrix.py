@@ -12,7 +12,9 @@ are the lines of scripts/matrix.cells. For each selected cell this
    dependencies are installed into it, which pip finds already satisfied for
    what is there;
 2. runs the cell's pytest arguments from this checkout with ``PYTHONPATH=src``,
-   so the tests exercise this checkout's kernelcache against that release;
+   so the tests exercise this checkout's kernelcache against that release
+   (pytest's JUnit report of the last run stays beside the venv,
+   ``<integration>-<version>.junit.xml``: each test's time and failure);
 3. records the result (passed, failed, errors, skipped, date, duration, the
    release actually installed) in docs/matrix.json, and renders the table of
    docs/compatibility.md between its two marker lines from that file.
@@ -35,7 +37,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -213,13 +214,14 @@ def run(cell: Cell, base: Path, ci: bool = False) -> dict[str, object]:
     result["commit"] = commit()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
-    with tempfile.TemporaryDirectory(prefix="kc-matrix-") as tmp:
-        junit = Path(tmp) / "junit.xml"
-        command = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
-        command += ["-q", "--durations=5", f"--junitxml={junit}", *pytest_args]
-        log(f"{cell.label}: {shlex.join(command[1:])}")
-        proc = subprocess.run(command, cwd=ROOT, env=env)
-        found = counts(junit) if junit.exists() else {"passed": 0, "failed": 0, "errors": 1}
+    # The last run's report stays beside the venv: each test's time and failure.
+    junit = base / f"{cell.name}{'-ci' if ci else ''}.junit.xml"
+    junit.unlink(missing_ok=True)
+    command = [str(venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
+    command += ["-q", "--durations=5", f"--junitxml={junit}", *pytest_args]
+    log(f"{cell.label}: {shlex.join(command[1:])}")
+    proc = subprocess.run(command, cwd=ROOT, env=env)
+    found = counts(junit) if junit.exists() else {"passed": 0, "failed": 0, "errors": 1}
     ok = proc.returncode == 0
     result.update(found)
     result["result"] = "pass" if ok else "fail"
