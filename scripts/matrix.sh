@@ -11,4 +11,9 @@
 # first use and kept (the CUDA builds of torch are ~5 GB each). Details: scripts/matrix.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" scripts/matrix.py "$@"
+# Any Python 3.11+ runs it (tomllib); .venv's, made by scripts/bootstrap.sh, by default.
+python=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then
+    python=.venv/bin/python
+fi
+exec "$python" scripts/matrix.py "$@"
