@@ -142,7 +142,14 @@ class TierStack:
         return None
 
     def store(self, key: str, entry: Entry) -> Entry:
-        """Write ``entry`` under ``key`` to every writable tier; returns it as stored."""
+        """Write ``entry`` under ``key`` to every writable tier; returns it as stored.
+
+        The entry carries its key's fields when this process built the key
+        (:func:`kernelcache.explain.record.stamp`; a put, never a hit, pays for it).
+        """
+        from kernelcache.explain.record import stamp
+
+        entry = stamp(key, entry, self.recorder.directory)
         stored = self.write(self.tiers, key, entry if entry.key == key else entry.bind(key))
         self.recorder.note(key, stored)
         self.recorder.tick()

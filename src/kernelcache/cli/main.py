@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = command("config", "every setting (core, Triton, launcher), its value and its source")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("explain", "why a key missed: its fields against the nearest stored entries")
+    p.add_argument("what", nargs="*", help="a KEY, or -- nvcc ARGS... (a launcher command line)")
+    p.add_argument(
+        "--last-miss", metavar="KIND", help="the last compile of nvcc, nvrtc, triton, ..."
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("server", "the nvcc launcher's server of this cache directory")
     p.add_argument("action", choices=("status", "stop"), help="show it, or stop it")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -218,4 +224,5 @@ COMMANDS = {
     "export": _lazy("cli.maint", "cmd_export"),
     "import": _lazy("cli.maint", "cmd_import"),
     "server": _lazy("cli.server", "cmd_server"),
+    "explain": _lazy("cli.explain", "cmd_explain"),
 }
