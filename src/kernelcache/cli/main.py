@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--last-miss", metavar="KIND", help="the last compile of nvcc, nvrtc, triton, ..."
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("doctor", "check this machine's set-up: one line per check, with its fix")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("server", "the nvcc launcher's server of this cache directory")
     p.add_argument("action", choices=("status", "stop"), help="show it, or stop it")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     from kernelcache.errors import ConfigError, KernelCacheError
 
     try:
+        if args.command == "doctor":  # it reports bad settings: it cannot start by loading them
+            from kernelcache.cli.doctor import cmd_doctor
+
+            return cmd_doctor(args)
         from kernelcache.settings import Settings
 
         settings = Settings.load(dir=args.dir)
