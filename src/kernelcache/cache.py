@@ -85,7 +85,7 @@ class Cache:
                 self._sample.append(key)  # a memory hit: stats cost one append
                 return entry
         MISSED.append(key)  # its fields, if built here, explain it (kernelcache.explain)
-        self._stats.tick()
+        self._stats.missed(key)
         return None
 
     def put(self, key: str, entry: Entry) -> Entry:

@@ -29,6 +29,8 @@ __all__ = [
     "KeyBuilder",
     "built",
     "encode",
+    "family",
+    "family_of",
     "file_sha256",
     "make_key",
     "sha256",
@@ -113,6 +115,21 @@ MISSED: deque[str] = deque(maxlen=32)
 def built(key: str) -> tuple[str, tuple[tuple[str, bytes], ...]] | None:
     """``(namespace, ((label, encoded value), ...))`` of a key this process built lately."""
     return _BUILT.get(key)
+
+
+def family(namespace: str) -> str:
+    """The integration family of a key namespace (``kernelcache.nvcc.direct`` -> ``nvcc``):
+    what statistics and ``kernelcache explain --last-miss`` group keys by."""
+    parts = namespace.split(".")
+    name = parts[1] if parts[0] == "kernelcache" and len(parts) > 1 else parts[0]
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name.lower())
+    return cleaned[:40] or "other"
+
+
+def family_of(key: str) -> str:
+    """:func:`family` of a key this process built lately; ``other`` for any other key."""
+    found = _BUILT.get(key)
+    return "other" if found is None else family(found[0])
 
 
 class KeyBuilder:

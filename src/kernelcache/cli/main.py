@@ -85,6 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("stats", "hits, misses, errors, size and time saved, per tier")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--zero", action="store_true", help="start a new period (lifetime totals stay)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "openmetrics"),
+        default="table",
+        help="openmetrics: Prometheus text format, lifetime counters per tier and integration",
+    )
+    p.add_argument(
+        "--days",
+        type=_count,
+        nargs="?",
+        const=30,
+        metavar="N",
+        help="seconds saved per day over the last N days (default 30), with a text chart",
+    )
     p = command("ls", "list entries")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import _fs, _trust
 from kernelcache.errors import CorruptEntry
-from kernelcache.explain.fields import META_FIELD, summary
+from kernelcache.explain.fields import summary
+from kernelcache.keys import family
 
 if TYPE_CHECKING:
     from kernelcache.entry import Entry
 
-__all__ = ["FAMILIES", "family", "last_miss", "last_miss_path", "stamp"]
+__all__ = ["FAMILIES", "last_miss", "last_miss_path", "stamp"]
 
 #: What ``--last-miss`` accepts -> the family its records are filed under.
 FAMILIES = {
@@ -47,14 +48,6 @@ MAX_RECORD_BYTES = 1 << 20
 _NAME = re.compile(r"[a-z0-9_]{1,40}")
 
 
-def family(namespace: str) -> str:
-    """The integration family of a key namespace (``kernelcache.nvcc.direct`` -> ``nvcc``)."""
-    parts = namespace.split(".")
-    name = parts[1] if parts[0] == "kernelcache" and len(parts) > 1 else parts[0]
-    name = re.sub(r"[^a-z0-9_]", "_", name.lower())[:40]
-    return name or "other"
-
-
 def explain_dir(cache_dir: str) -> str:
     return os.path.join(cache_dir, "v1", "explain")
 
@@ -72,7 +65,7 @@ def stamp(key: str, entry: Entry, directory: str | None) -> Entry:
     try:
         meta = entry.meta
         if entry.key_record is None:
-            entry = entry.with_meta(**{META_FIELD: record})
+            entry = entry.with_key_record(record)
     except CorruptEntry:
         return entry
     if directory is not None and "compile_seconds" in meta:
