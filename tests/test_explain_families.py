@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("ninetoothed")
 pytest.importorskip("triton")
 
-import children  # noqa: E402
-from cli_run import kc_json  # noqa: E402
-from test_ninetoothed import SCRIPT, nt_env, toolkit  # noqa: E402, F401  (fixtures)
+import children
+from cli_run import kc_json
+from test_ninetoothed import SCRIPT, nt_env, toolkit  # noqa: F401  (fixtures)
 
 
 def test_ninetoothed_last_miss_names_the_environment_variable(
