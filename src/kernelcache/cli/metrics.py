@@ -111,19 +111,30 @@ def openmetrics(report: dict[str, Any]) -> str:
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-def day_rows(totals: dict[str, Any], count: int) -> list[dict[str, Any]]:
-    """The last ``count`` days with activity: date, seconds saved, hits, compiles."""
+def day_rows(
+    totals: dict[str, Any], count: int, launcher: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The last ``count`` days with activity: date, seconds saved, hits, compiles (the
+    cache's, plus the nvcc launcher's calls: its hits and the compiles of its misses)."""
     days = totals.get("days", {})
-    dates = sorted(d for d in days if _DATE.fullmatch(d))[-count:]
-    return [
-        {
-            "date": d,
-            "seconds_saved": float(days[d].get("seconds_saved", 0)),
-            "hits": int(days[d].get("hits", 0)),
-            "compiles": int(days[d].get("compiles", 0)),
-        }
-        for d in dates
-    ]
+    calls = (launcher or {}).get("days", {})
+    calls = calls if isinstance(calls, dict) else {}
+    dates = sorted(d for d in {*days, *calls} if _DATE.fullmatch(d))[-count:]
+    rows = []
+    for d in dates:
+        cache, nvcc = days.get(d, {}), calls.get(d, {})
+        if not isinstance(cache, dict) or not isinstance(nvcc, dict):
+            continue
+        rows.append(
+            {
+                "date": d,
+                "seconds_saved": float(cache.get("seconds_saved", 0))
+                + float(nvcc.get("seconds_saved", 0)),
+                "hits": int(cache.get("hits", 0)) + int(nvcc.get("hits", 0)),
+                "compiles": int(cache.get("compiles", 0)) + int(nvcc.get("misses", 0)),
+            }
+        )
+    return rows
 
 
 def days_text(rows: list[dict[str, Any]], width: int = 40) -> str:

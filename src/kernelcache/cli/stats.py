@@ -67,7 +67,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.days is not None:
         from kernelcache.cli.metrics import day_rows, days_text
 
-        rows = day_rows(totals, args.days)
+        rows = day_rows(totals, args.days, report["nvcc_launcher"])
         print_json(rows) if args.json else print(days_text(rows))
         return 0
     if args.format == "openmetrics":
