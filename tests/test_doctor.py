@@ -160,3 +160,32 @@ def test_a_directory_writable_by_others(tmp_path: Path) -> None:
     assert "writable by group or others" in open_dir.detail
     assert open_dir.fix is not None
     assert "chmod go-w" in open_dir.fix
+
+
+def test_notes_and_the_launcher_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelcache.nvcc import native
+
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir(mode=0o700)
+    checks = {(c.area, c.name): c for c in doctor.run(_env(
+        cache_dir, KERNELCACHE_DISABLE="1", KERNELCACHE_COMPILED_CLIENT="0"))}  # fmt: skip
+    assert checks["cache", "caching"].status == "note"  # disabled: said, with its fix
+    assert checks["cache", "caching"].fix == "unset KERNELCACHE_DISABLE"
+    assert checks["launcher", "client"].detail.startswith("KERNELCACHE_COMPILED_CLIENT is off")
+    # A client whose build failed is a problem; one that runs here is OK.
+    tag = native.platform_tag()
+    if tag is None:
+        pytest.skip("the compiled client is built on Linux only")
+    with open(native.SOURCE, "rb") as f:
+        name = native.binary_name(f.read(), tag)
+    (cache_dir / f"{name}.failed").write_text("cc: not found\n")
+    client = {c.name: c for c in doctor.launcher(Settings.load(environ={}, dir=str(cache_dir)), {
+        "PATH": os.environ["PATH"]})}["client"]  # fmt: skip
+    assert (client.status, client.detail) == (
+        "problem",
+        f"its build failed: see {cache_dir / name}.failed",
+    )
+    # Too little free space for entries to fit.
+    monkeypatch.setattr(doctor, "MIN_FREE_BYTES", 1 << 62)
+    space = {c.name: c for c in doctor.cache_dir(Settings.load(environ={}, dir=str(cache_dir)))}
+    assert space["free space"].status == "problem"

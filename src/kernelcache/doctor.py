@@ -105,7 +105,7 @@ def cache_dir(settings: Settings) -> Iterator[Check]:
     """Trusted, free space, and the filesystem it is on (network rules apply on NFS, Lustre...)."""
     where = settings.dir
     if settings.disable:
-        yield Check("cache", "directory", "note", f"{where}: KERNELCACHE_DISABLE is on: no caching",
+        yield Check("cache", "caching", "note", f"{where}: KERNELCACHE_DISABLE is on: no caching",
                     "unset KERNELCACHE_DISABLE")  # fmt: skip
     refusal = _trust.refusal(where)
     if refusal is not None:
