@@ -74,6 +74,22 @@ def test_a_record_flattens_nested_keys_dicts_and_file_rows() -> None:
     assert fields.summary("0" * 64) is None  # not built here
 
 
+def test_an_opaque_field_explained_by_its_parts() -> None:
+    # Another tool's hash in the key: what it was made of, noted beside it.
+    key = KeyBuilder("kernelcache.t").add("file", ("group", "9f" * 32, "k.json")).hexdigest()
+    fields.note_fields(key, {"options": {"num_warps": 4}, "env": {"TRITON_DEBUG": None}}, ("file",))
+    got = {f[0]: f[2:] for f in fields.summary(key)["fields"]}  # type: ignore[index]
+    assert got == {"options.num_warps": [4], "env.TRITON_DEBUG": [None]}
+    other = KeyBuilder("kernelcache.t").add("file", ("group", "8e" * 32, "k.json")).hexdigest()
+    fields.note_fields(
+        other, {"options": {"num_warps": 8}, "env": {"TRITON_DEBUG": None}}, ("file",)
+    )
+    said = words.differences(fields.summary(other), fields.summary(key))  # type: ignore[arg-type]
+    assert [d["words"] for d in said] == ["`options.num_warps`: 4 → 8"]
+    with pytest.raises(TypeError, match="cannot use a value"):
+        fields.note_fields(key, {"bad": object()})
+
+
 def test_records_do_not_change_keys() -> None:
     # The digests keys had before they kept records (existing entries stay valid).
     builder = KeyBuilder("kernelcache.nvrtc").add("arch", "sm_90").add("options", ["-G"])

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from kernelcache import keys
-from kernelcache.explain.fields import META_FIELD, note_inputs, summary
+from kernelcache.explain.fields import META_FIELD, note_fields, note_inputs, summary
 
-__all__ = ["META_FIELD", "note_inputs", "recent_misses", "summary"]
+__all__ = ["META_FIELD", "note_fields", "note_inputs", "recent_misses", "summary"]
 
 
 def recent_misses() -> list[dict[str, Any]]:

@@ -32,7 +32,7 @@ from typing import Any
 from kernelcache.entry import KEY_RECORD
 from kernelcache.keys import built, encode
 
-__all__ = ["META_FIELD", "Field", "decode", "note_inputs", "summary"]
+__all__ = ["META_FIELD", "Field", "decode", "note_fields", "note_inputs", "summary"]
 
 #: The entry metadata field that holds its key's fields.
 META_FIELD = KEY_RECORD
@@ -45,6 +45,7 @@ _MAX_ITEMS = 256
 _MAX_DEPTH = 4
 _INPUTS_MAX = 512
 _INPUTS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {}
+_NOTES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {}
 
 #: One field: ``[label, digest]``, or ``[label, digest, value]`` when the value is kept
 #: (a list: it is stored as JSON).
@@ -64,6 +65,20 @@ def note_inputs(key: str, files: Mapping[str, str], covers: tuple[str, ...] = ()
         _INPUTS.pop(next(iter(_INPUTS)), None)
 
 
+def note_fields(key: str, fields: Mapping[str, Any], covers: tuple[str, ...] = ()) -> None:
+    """Remember what an opaque field of ``key`` was made of, to explain it field by field.
+
+    For an integration whose key holds another tool's hash (Triton's, torch's):
+    ``note_fields(key, {"source": ..., "options": {...}, "env": {...}}, covers=("file",))``
+    records those parts (values as a key takes them) with the entry, in place of
+    the fields named in ``covers``. The key itself is not changed.
+    """
+    encoded = {str(label): encode(value) for label, value in fields.items()}  # TypeError early
+    _NOTES[key] = (encoded, covers)
+    if len(_NOTES) > _INPUTS_MAX:
+        _NOTES.pop(next(iter(_NOTES)), None)
+
+
 def summary(key: str) -> dict[str, Any] | None:
     """``{"ns": namespace, "fields": [Field, ...]}`` of a key this process built, or ``None``."""
     found = built(key)
@@ -71,10 +86,13 @@ def summary(key: str) -> dict[str, Any] | None:
         return None
     namespace, raw = found
     inputs, covers = _INPUTS.get(key, ({}, ()))
+    notes, noted_covers = _NOTES.get(key, ({}, ()))
     fields: list[Field] = []
     for label, encoded in raw:
-        if label not in covers:
+        if label not in covers and label not in noted_covers:
             _flatten(fields, label, encoded, 0)
+    for label, encoded in notes.items():
+        _flatten(fields, label, encoded, 0)
     fields.extend(_grouped(inputs))
     return {"ns": namespace, "fields": fields}
 
