@@ -358,3 +358,26 @@ def test_the_autoload_is_a_no_op_unless_asked(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("KERNELCACHE_JAX", "0")
     _jax_autoload.initialize()
     assert not kcj.installed()
+
+
+def test_a_process_that_never_writes_never_makes_others_wait() -> None:
+    # JAX puts from process 0 only: another process's miss takes no claim.
+    from kernelcache.bytecache import Service
+
+    counts: dict[str, int] = {}
+
+    def count(name: str) -> None:
+        counts[name] = counts.get(name, 0) + 1
+
+    cache = Cache([MemoryStore()], persist_stats=False)
+    service = Service(
+        lambda: cache, count, lambda: 60.0, key=str, meta=dict, name="jax", leads=lambda: False
+    )
+    try:
+        assert service.get("jit_f-abc") is None
+        assert service.flights.abandon_all() == 0, "no claim taken"
+        with cache.claim("jit_f-abc", timeout=0) as claim:
+            assert claim.leads, "nobody else holds the key"
+        assert counts == {"misses": 1}
+    finally:
+        service.close()
