@@ -371,7 +371,13 @@ def test_a_process_that_never_writes_never_makes_others_wait() -> None:
 
     cache = Cache([MemoryStore()], persist_stats=False)
     service = Service(
-        lambda: cache, count, lambda: 60.0, key=str, meta=dict, name="jax", leads=lambda: False
+        lambda: cache,
+        count,
+        lambda: 60.0,
+        key=str,
+        meta=lambda k: {},
+        name="jax",
+        leads=lambda: False,
     )
     try:
         assert service.get("jit_f-abc") is None
