@@ -183,6 +183,20 @@ def test_a_slip_in_the_variable_is_one_line_and_jax_keeps_its_cache(tmp_path: Pa
     assert '"installed": false' in proc.stdout
 
 
+def test_a_bad_setting_with_the_variable_is_one_line_and_jax_keeps_its_cache(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KERNELCACHE_JAX", "1")
+    monkeypatch.setenv("KERNELCACHE_DIR", str(tmp_path / "kc"))
+    monkeypatch.setenv("KERNELCACHE_REMOTE", "redis://127.0.0.1:1/0?bogus=1")
+    kcj.uninstall()
+    _jax_autoload.initialize()
+    assert not kcj.installed()
+    [line] = capsys.readouterr().err.splitlines()
+    assert "KERNELCACHE_REMOTE" in line
+    assert line.endswith("JAX keeps its own cache")
+
+
 # In process ----------------------------------------------------------------------------
 @pytest.fixture
 def fresh_jax(tmp_path: Path) -> Iterator[Path]:

@@ -28,5 +28,10 @@ def initialize() -> None:
         )
         return
     import kernelcache.jax
+    from kernelcache.errors import ConfigError
 
-    kernelcache.jax.install()
+    try:
+        kernelcache.jax.install()
+    except ConfigError as exc:
+        # JAX would log it as a plugin's traceback and go on: one line says the same.
+        print(f"kernelcache: {exc}: JAX keeps its own cache", file=sys.stderr)
