@@ -50,11 +50,14 @@ import triton  # noqa: E402
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 import kernelcache.triton as kt  # noqa: E402
+import results  # noqa: E402
 import triton_kernels  # noqa: E402
 from kernelcache import Cache, DiskStore, MemoryStore, fingerprint  # noqa: E402
 from kernelcache.memoize import memoize  # noqa: E402
 
 KERNELS = ["add", "softmax", "matmul"]
+#: Every target checked (or figure shown) in this run, for ``--json``.
+TARGETS: list[dict[str, str]] = []
 KC_MANAGER = "kernelcache.triton:CacheManager"
 
 
@@ -77,6 +80,11 @@ def use_manager(name: str | None) -> None:
 
 def row(label: str, ours: float, peer: float, peer_name: str) -> None:
     print(f"  {label:<44} {ours:10.1f} us   {peer_name} {peer:10.1f} us   ratio {ours / peer:5.2f}")
+    TARGETS.append(
+        results.target(
+            label, f"{ours:.1f} / {peer:.1f} µs ({peer_name})", "info", ratio=f"{ours / peer:.2f}×"
+        )
+    )
 
 
 def bench_warm_compile(tmp: Path, rounds: int) -> None:
@@ -155,6 +163,14 @@ def bench_cold_compile(tmp: Path, rounds: int) -> None:
         ratio = med["kc"] / med["file"]
         cpu_ratio = statistics.median(cpu["kc"]) / max(statistics.median(cpu["file"]), 1e-9)
         verdict = "PASS" if ratio <= 1.05 else "MISS"
+        TARGETS.append(
+            results.target(
+                f"cold compile into an empty cache, {name}, ≤ 1.05× FileCacheManager",
+                f"{med['kc']:.3f} / {med['file']:.3f} s (CPU {cpu_ratio:.2f}×)",
+                verdict,
+                ratio=f"{ratio:.2f}×",
+            )
+        )
         print(
             f"  {name}: kernelcache {med['kc']:.3f} s, FileCacheManager {med['file']:.3f} s, "
             f"ratio {ratio:.2f} (CPU {cpu_ratio:.2f}); target <= 1.05x: {verdict}"
@@ -261,6 +277,7 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = Fal
     )
     for n in counts:
         walls: dict[str, float] = {}
+        compiles: dict[str, tuple[float, int]] = {}
         for label, manager in (("Triton (File)", None), ("kernelcache", KC_MANAGER)):
             folder = tmp / f"stampede-{n}-{len(walls)}"
             env = {**base, "TRITON_HOME": str(folder / "home")}
@@ -281,22 +298,33 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = Fal
                 )
                 for _ in range(n)
             ]
-            results = []
+            reports = []
             for proc in procs:
                 out, err = proc.communicate(timeout=900)
                 if proc.returncode != 0:
                     raise RuntimeError(f"stampede worker failed: {err[-2000:]}")
-                results.append(json.loads(out.splitlines()[0]))
+                reports.append(json.loads(out.splitlines()[0]))
             per_variant = [
-                sum(r["variants"][str(v)]["compiles"] for r in results) for v in variant_ids
+                sum(r["variants"][str(v)]["compiles"] for r in reports) for v in variant_ids
             ]
-            walls[label] = max(r["seconds"] for r in results)
+            walls[label] = max(r["seconds"] for r in reports)
+            compiles[label] = (sum(per_variant) / variants, max(per_variant))
             print(
                 f"  {n:>2}  {label:<18} {sum(per_variant) / variants:>16.2f} "
                 f"{max(per_variant):>4} {walls[label]:>8.2f}"
             )
         ratio = walls["kernelcache"] / walls["Triton (File)"]
         print(f"  {n:>2}  wall ratio kernelcache / Triton: {ratio:.2f}")
+        ours, theirs = compiles["kernelcache"], compiles["Triton (File)"]
+        TARGETS.append(
+            results.target(
+                f"stampede, {n} processes × {variants} variants: one compile per variant",
+                f"{ours[0]:.2f} per variant (max {ours[1]}); Triton {theirs[0]:.2f}; "
+                f"wall {walls['kernelcache']:.2f} / {walls['Triton (File)']:.2f} s",
+                ours[1] == 1,
+                ratio=f"{ratio:.2f}× wall",
+            )
+        )
 
 
 SCALE = 3
@@ -321,7 +349,9 @@ def main() -> None:
     parser.add_argument(
         "--warm-processes", action="store_true", help="stampede: each process has compiled before"
     )
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    started = results.machine()
     rounds = 11 if args.quick else 201
     counts, variants = ([2, 4], 4) if args.quick else ([2, 4, 8], 8)
     print(f"triton {triton.__version__}, python {sys.version.split()[0]}, {rounds} rounds")
@@ -337,6 +367,14 @@ def main() -> None:
         for name, part in parts.items():
             if args.only in (None, name):
                 part(Path(tmp))
+    contenders = [
+        "kernelcache.triton CacheManager",
+        f"Triton {triton.__version__} FileCacheManager",
+    ]
+    results.write(
+        args.json,
+        results.document("bench_triton", contenders=contenders, targets=TARGETS, started=started),
+    )
 
 
 if __name__ == "__main__":
