@@ -89,9 +89,9 @@ def undescribed() -> list[str]:
 
 
 def settings_table() -> str:
-    lines = ["| variable | setting | default | meaning |", "| --- | --- | --- | --- |"]
+    lines = ["| variable (setting) | default | meaning |", "| --- | --- | --- |"]
     for variable, name, default, doc in settings_rows():
-        lines.append(f"| `{variable}` | `{name}` | {_cell(default)} | {_cell(doc) or '–'} |")
+        lines.append(f"| `{variable}`<br>(`{name}`) | {_cell(default)} | {_cell(doc) or '–'} |")
     return "\n".join(lines)
 
 

@@ -55,6 +55,7 @@ def test_the_settings_page_lists_what_kernelcache_config_lists() -> None:
     listed = {row["variable"] for row in json.loads(out.stdout) if row["variable"]}
     table = docs_gen.settings_table()
     documented = {line.split("`")[1] for line in table.splitlines()[2:]}
+    assert "| `KERNELCACHE_DIR`<br>(`dir`) |" in table
     assert documented == listed
 
 
