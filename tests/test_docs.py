@@ -157,3 +157,16 @@ def test_snippet(snippet: docs_gen.Snippet, tmp_path: Path) -> None:
     assert proc.returncode == 0, (
         f"{snippet.id} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+    if snippet.code.rstrip().endswith("kernelcache stats"):
+        # A block that ends by showing the statistics promises a hit: the cache must have one.
+        assert _hits(cache, env) > 0, f"{snippet.id}: no hit\n{proc.stdout[-3000:]}"
+
+
+def _hits(cache: Path, env: dict[str, str]) -> int:
+    out = subprocess.run(
+        [sys.executable, "-m", "kernelcache", "stats", "--json"],
+        env=env, capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    tiers = sum(int(t.get("hits", 0)) for t in report["lifetime"]["tiers"].values())
+    return tiers + int((report.get("nvcc_launcher") or {}).get("hits", 0))
