@@ -48,6 +48,11 @@ def cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def target_name(t: Mapping[str, Any]) -> str:
+    """A target's name, with its limit where the name does not say it."""
+    return cell(f"{t['target']} ({t['limit']})" if t.get("limit") else t["target"])
+
+
 def _verdict(text: str) -> str:
     return "**MISS**" if text == "MISS" else text
 
@@ -72,7 +77,7 @@ def section(doc: Mapping[str, Any]) -> str:
     ]
     for t in doc["targets"]:
         lines.append(
-            f"| {cell(t['target'])} | {cell(t['measured'])} | {cell(t.get('ratio', ''))} "
+            f"| {target_name(t)} | {cell(t['measured'])} | {cell(t.get('ratio', ''))} "
             f"| {_verdict(t['verdict'])} |"
         )
     return "\n".join(lines)
@@ -105,7 +110,7 @@ def headline_block(docs: list[dict[str, Any]]) -> str:
         rows = [t for t in doc["targets"] if t["target"].startswith(prefix)] if doc else []
         for t in rows:
             lines.append(
-                f"| {cell(t['target'])} | {cell(t['measured'])} | {cell(t.get('ratio', ''))} "
+                f"| {target_name(t)} | {cell(t['measured'])} | {cell(t.get('ratio', ''))} "
                 f"| {_verdict(t['verdict'])} |"
             )
     return "\n".join(lines)
