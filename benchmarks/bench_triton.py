@@ -318,7 +318,7 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = Fal
         ours, theirs = compiles["kernelcache"], compiles["Triton (File)"]
         TARGETS.append(
             results.target(
-                f"stampede, {n} processes × {variants} variants: one compile per variant",
+                f"Triton stampede, {n} processes × {variants} variants: one compile per variant",
                 f"{ours[0]:.2f} per variant (max {ours[1]}); Triton {theirs[0]:.2f}; "
                 f"wall {walls['kernelcache']:.2f} / {walls['Triton (File)']:.2f} s",
                 ours[1] == 1,

@@ -33,6 +33,8 @@ HEADLINES = (
     ("bench_stores", "disk hit ≤ fastest peer"),
     ("bench_compilers", "NVRTC memory hit, saxpy.cu"),
     ("bench_compilers", "NVRTC cold compile"),
+    ("bench_launcher", "`kernelcache nvcc` hit"),
+    ("bench_triton", "Triton stampede"),
     ("bench_redis", "Redis server hit, signed"),
     ("bench_singleflight", "waiter latency after a compile, processes, 3"),
 )  # fmt: skip
