@@ -124,9 +124,10 @@ def bench_warm_compile(tmp: Path, rounds: int) -> None:
                 triton.compile(src, target=triton_kernels.TARGET)
                 times[label].append(time.perf_counter() - start)
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        row(f"{name}: kernelcache (pinned + disk)", med["kc"], med["file"], "FileCacheManager")
+        row(f"warm compile, {name}: kernelcache (pinned + disk)", med["kc"], med["file"],
+            "FileCacheManager")  # fmt: skip
         row(
-            f"{name}: kernelcache (disk tier alone)",
+            f"warm compile, {name}: kernelcache (disk tier alone)",
             med["kc-read"],
             med["file"],
             "FileCacheManager",
@@ -214,7 +215,7 @@ def bench_groups(tmp: Path, rounds: int) -> None:
         m.put_group("add_kernel.json", {c: m.put(d, c) for c, d in files.items()})
     time.sleep(2.1)  # as a later process finds the files (see bench_warm_compile)
     ours, peer = interleaved(put(kt.CacheManager), put(FileCacheManager), rounds)
-    row("group put", ours, peer, "FileCacheManager")
+    row("group put (the add kernel's files)", ours, peer, "FileCacheManager")
     ours, peer = interleaved(get(kt.CacheManager, key), get(FileCacheManager, key), rounds)
     row("group get + read files (pinned + disk)", ours, peer, "FileCacheManager")
 
@@ -257,7 +258,7 @@ def bench_handles(tmp: Path, rounds: int) -> None:
     small_us = median_us(lambda: small(3), rounds, inner=2000)
     refp_us = median_us(lambda: fingerprint.function(_small), rounds, inner=20)
     row("memoize hit, small function", small_us, lru_us, "lru_cache")
-    row("  identity probes vs re-fingerprint per call", small_us, refp_us, "fingerprint")
+    row("memoize: identity probes vs re-fingerprint per call", small_us, refp_us, "fingerprint")
     use_manager(None)
 
 
