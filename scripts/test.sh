@@ -14,9 +14,13 @@ if [ -e /dev/fuse ] && { ! command -v fusermount3 >/dev/null 2>&1 || [ ! -e /usr
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq fuse3 libfuse3-dev >/dev/null
 fi
-.venv/bin/ruff check src tests benchmarks
-.venv/bin/ruff format --check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks scripts
+.venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
+# The documentation site: a broken link, a missing page or anchor fails the build (issue 39).
+# Its snippets run in tests/test_docs.py; this line says how many.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+.venv/bin/python scripts/docs_gen.py count
 # Coverage follows every Python process the tests start (pyproject: [tool.coverage]),
 # pytest-xdist's two workers included; the report fails below its floor (fail_under).
 # Two workers: most tests wait on one compiler process at a time (nvcc, g++, torch);
