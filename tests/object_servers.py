@@ -57,6 +57,16 @@ def _listening(port: int) -> bool:
         return False
 
 
+def quiet(args: list[str]) -> None:
+    subprocess.run(
+        args, check=True, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def background(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class _Server:
     processes: list[subprocess.Popen[bytes]]
 
@@ -107,7 +117,7 @@ class Nginx(_Server):
         conf.write_text(
             f"""daemon off;
 {"user root;" if os.geteuid() == 0 else ""}
-worker_processes 1;
+master_process off;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 256; }}
@@ -210,32 +220,19 @@ rgw data = {d}/rgw
         for sub in ("run", "log", "osd", "mon", "rgw"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         conf = str(self._conf())
-        run = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         monmap = str(d / "monmap")
-        subprocess.run(
-            ["monmaptool", "--create", "--fsid", self.fsid, "--addv", "a", self.mon_addrs, monmap],
-            check=True,
-            **run,  # type: ignore[arg-type]
+        quiet(
+            ["monmaptool", "--create", "--fsid", self.fsid, "--addv", "a", self.mon_addrs, monmap]
         )
-        subprocess.run(
-            ["ceph-mon", "-c", conf, "--mkfs", "-i", "a", "--monmap", monmap],
-            check=True,
-            **run,  # type: ignore[arg-type]
-        )
-        mon = subprocess.Popen(["ceph-mon", "-c", conf, "-f", "-i", "a"], **run)  # type: ignore[call-overload]
-        self.processes = [mon]
-        osd_id = subprocess.run(
+        quiet(["ceph-mon", "-c", conf, "--mkfs", "-i", "a", "--monmap", monmap])
+        self.processes = [background(["ceph-mon", "-c", conf, "-f", "-i", "a"])]
+        created = subprocess.run(
             ["ceph", "-c", conf, "osd", "create"], check=True, capture_output=True, timeout=60
-        ).stdout.decode().strip()
-        subprocess.run(
-            ["ceph-osd", "-c", conf, "-i", osd_id, "--mkfs"], check=True, timeout=60, **run  # type: ignore[arg-type]
         )
-        self.processes.append(
-            subprocess.Popen(["ceph-osd", "-c", conf, "-f", "-i", osd_id], **run)  # type: ignore[call-overload]
-        )
-        self.processes.append(
-            subprocess.Popen(["radosgw", "-c", conf, "-f", "-n", "client.rgw"], **run)  # type: ignore[call-overload]
-        )
+        osd_id = created.stdout.decode().strip()
+        quiet(["ceph-osd", "-c", conf, "-i", osd_id, "--mkfs"])
+        self.processes.append(background(["ceph-osd", "-c", conf, "-f", "-i", osd_id]))
+        self.processes.append(background(["radosgw", "-c", conf, "-f", "-n", "client.rgw"]))
         _wait(lambda: self._answers(), "radosgw", d / "log" / "client.rgw.log", 90.0)
         subprocess.run(
             ["radosgw-admin", "-c", conf, "-n", "client.rgw", "user", "create", "--uid", "kc",
@@ -265,7 +262,7 @@ def make_bucket(endpoint: str, bucket: str) -> None:
     path = f"/{bucket}"
     creds = sigv4.Credentials(ACCESS_KEY, SECRET_KEY)
     sigv4.sign(creds, "us-east-1", "PUT", path, "", headers, sigv4.EMPTY_SHA256)
-    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
     try:
         conn.request("PUT", path, body=b"", headers=headers)
         reply = conn.getresponse()
@@ -312,7 +309,7 @@ def nginx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
         server.stop()
 
 
-def test_prefix(tmp_path: Path) -> str:
+def prefix_of(tmp_path: Path) -> str:
     """A prefix of the test's own, like a directory per test for the disk tier."""
     return "t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:16]
 
@@ -333,9 +330,9 @@ def s3_env(radosgw: RadosGW, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def s3_url(s3_env: dict[str, str], tmp_path: Path) -> str:
-    return f"s3://{BUCKET}/{test_prefix(tmp_path)}"
+    return f"s3://{BUCKET}/{prefix_of(tmp_path)}"
 
 
 @pytest.fixture
 def http_url(nginx_server: Nginx, tmp_path: Path) -> str:
-    return f"{nginx_server.url}/{test_prefix(tmp_path)}"
+    return f"{nginx_server.url}/{prefix_of(tmp_path)}"

@@ -110,4 +110,6 @@ class TestHTTP(StoreContract):
     def store_factory(self, http_url: str) -> Iterator[StoreFactory]:
         from kernelcache.stores.http import HTTPStore
 
-        yield from closing(lambda read_only=False: HTTPStore(http_url, read_only=read_only, timeout=30))
+        yield from closing(
+            lambda read_only=False: HTTPStore(http_url, read_only=read_only, timeout=30)
+        )

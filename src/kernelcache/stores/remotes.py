@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 
 #: scheme -> (module, store class, URL check in that module)
 _TIERS: dict[str, tuple[str, str, str]] = {
-    "redis": ("kernelcache.stores.redis", "RedisStore", "kernelcache.stores.redis.config:validate_url"),
+    "redis": (
+        "kernelcache.stores.redis",
+        "RedisStore",
+        "kernelcache.stores.redis.config:validate_url",
+    ),
     "s3": ("kernelcache.stores.s3", "S3Store", "kernelcache.stores.s3.config:split_s3"),
     "http": ("kernelcache.stores.http", "HTTPStore", "kernelcache.stores.http.config:split_http"),
 }

@@ -111,7 +111,9 @@ def auth_header(options: Mapping[str, Any], environ: Mapping[str, str] | None = 
             continue
         value = env.get(var, "")
         if not value.strip():
-            raise ConfigError(f"the remote URL takes its {scheme} credentials from {var}, which is unset or empty")
+            raise ConfigError(
+                f"the remote URL takes its {scheme} credentials from {var}, which is unset or empty"
+            )
         if scheme == "bearer":
             return f"Bearer {value.strip()}"
         if ":" not in value:

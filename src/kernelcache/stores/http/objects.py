@@ -17,6 +17,7 @@ it verified.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import http.client
 import logging
@@ -83,14 +84,16 @@ class ObjectStore(Store):
         self._kept: set[str] = set()
 
     # The protocol, for subclasses ----------------------------------------------
-    def _target(self, method: str, key: str | None, query: str = "") -> tuple[str, dict[str, str]]:
+    def request_for(
+        self, method: str, key: str | None, query: str = ""
+    ) -> tuple[str, dict[str, str]]:
         """Request path and headers for ``method`` on ``key``'s object (``None``: the prefix)."""
         raise NotImplementedError
 
     # Reads -------------------------------------------------------------------------
     def get(self, key: str) -> Entry | None:
         validate_key(key)
-        path, headers = self._target("GET", key)
+        path, headers = self.request_for("GET", key)
         try:
             with self.transport.open("GET", path, headers) as (resp, call):
                 if resp.status == 404:
@@ -130,9 +133,7 @@ class ObjectStore(Store):
             return Entry.unpack(fmt.decompress(body, record.size), key)
         return fmt.unpack_prefix(raw, record.end, key)
 
-    def _stream(
-        self, key: str, resp: http.client.HTTPResponse, call: Call, length: int
-    ) -> Entry:
+    def _stream(self, key: str, resp: http.client.HTTPResponse, call: Call, length: int) -> Entry:
         """Read a large record artifact by artifact, each straight into its own bytes."""
         hasher = self._signer.start() if self._signer is not None else None
 
@@ -162,7 +163,9 @@ class ObjectStore(Store):
             raise CorruptEntry("record truncated inside its signature")
         if self._signer is None:
             if flags & fmt.SIGNED:
-                raise fmt.UnverifiableEntry("signed value, and this client has no secret to check it")
+                raise fmt.UnverifiableEntry(
+                    "signed value, and this client has no secret to check it"
+                )
         elif not flags & fmt.SIGNED:
             raise fmt.ForgedEntry("unsigned value where a secret is configured")
         else:
@@ -190,10 +193,9 @@ class ObjectStore(Store):
             exc, "deletable", True
         )
         if deletable and not self.read_only:
-            try:
+            # A failure is counted by the transport; the next reader refuses it again.
+            with contextlib.suppress(StoreError):
                 self._delete(key)
-            except StoreError:
-                pass  # counted by the transport; the next reader refuses it again
 
     # Writes ------------------------------------------------------------------------
     def put(self, key: str, entry: Entry) -> Entry:
@@ -208,7 +210,7 @@ class ObjectStore(Store):
             self._keep(key)
         body = self._seal(key, parts, size)
         stored = sum(map(len, body))
-        path, headers = self._target("PUT", key)
+        path, headers = self.request_for("PUT", key)
         with self.transport.open("PUT", path, headers, body) as (resp, _call):
             resp.read(1 << 16)
             check_status(repr(self), "PUT", resp.status, self.counters, (200, 201, 204))
@@ -233,7 +235,7 @@ class ObjectStore(Store):
 
     def _signed_there(self, key: str) -> bool:
         """Whether a signed record is stored under ``key`` (its trailer, by a ranged GET)."""
-        path, headers = self._target("GET", key)
+        path, headers = self.request_for("GET", key)
         headers["Range"] = f"bytes=-{fmt.TAIL_SIZE}"
         status, _headers, data = self.transport.request("GET", path, headers, limit=1 << 16)
         if status not in (200, 206) or len(data) < fmt.TAIL_SIZE:
@@ -267,14 +269,14 @@ class ObjectStore(Store):
     def _delete(self, key: str) -> bool:
         if not self.delete_says_missing and self.info(key) is None:
             return False
-        path, headers = self._target("DELETE", key)
+        path, headers = self.request_for("DELETE", key)
         status, _h, _body = self.transport.request("DELETE", path, headers)
         check_status(repr(self), "DELETE", status, self.counters, (200, 202, 204, 404))
         return status != 404
 
     def info(self, key: str) -> EntryInfo | None:
         validate_key(key)
-        path, headers = self._target("HEAD", key)
+        path, headers = self.request_for("HEAD", key)
         status, reply, _body = self.transport.request("HEAD", path, headers)
         if status == 404:
             return None
@@ -315,7 +317,6 @@ def _http_time(text: str | None) -> float:
         return email.utils.parsedate_to_datetime(text).timestamp()
     except (TypeError, ValueError):
         return 0.0
-
 
 
 def _iso_time(text: str | None) -> float:

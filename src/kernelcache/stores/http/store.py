@@ -67,7 +67,9 @@ class HTTPStore(ObjectStore):
     def __repr__(self) -> str:
         return f"HTTPStore({self.url!r})"
 
-    def _target(self, method: str, key: str | None, query: str = "") -> tuple[str, dict[str, str]]:
+    def request_for(
+        self, method: str, key: str | None, query: str = ""
+    ) -> tuple[str, dict[str, str]]:
         path = f"{self._base}/{key}" if key is not None else f"{self._base}/"
         headers = {"Host": self.transport.host_header}
         if self._auth is not None:
@@ -79,9 +81,9 @@ class HTTPStore(ObjectStore):
             yield info.key
 
     def scan(self) -> Iterator[EntryInfo]:
-        path, headers = self._target("GET", None)
+        path, headers = self.request_for("GET", None)
         headers["Accept"] = "application/json"
-        status, reply, body = self.transport.request("GET", path, headers, limit=256 << 20)
+        status, _reply, body = self.transport.request("GET", path, headers, limit=256 << 20)
         if status == 404:
             return
         check_status(repr(self), "GET", status, self.counters, (200,))

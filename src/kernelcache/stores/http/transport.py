@@ -132,9 +132,9 @@ class Transport:
             raise StoreError(f"{self.label}: {method} failed: {type(exc).__name__}: {exc}") from exc
         if resp.status >= 500:
             call.conn.close()
-            exc = ServerFailed(f"{self.label}: {method} answered {resp.status} {resp.reason}")
-            self._failed(exc, timed_out=False)
-            raise exc
+            failed = ServerFailed(f"{self.label}: {method} answered {resp.status} {resp.reason}")
+            self._failed(failed, timed_out=False)
+            raise failed
         self.breaker.record_success()
         try:
             yield resp, call

@@ -107,7 +107,9 @@ def credentials(target: Target, environ: Mapping[str, str] | None = None) -> Cre
         token = _profile_value(env, "credentials", profile, "aws_session_token")
         return Credentials(key, secret, token)
     if target.options.get("profile") or env.get("AWS_PROFILE"):
-        raise ConfigError(f"the AWS profile {profile!r} has no aws_access_key_id/aws_secret_access_key")
+        raise ConfigError(
+            f"the AWS profile {profile!r} has no aws_access_key_id/aws_secret_access_key"
+        )
     return None
 
 

@@ -63,7 +63,8 @@ def sign(
         headers["x-amz-security-token"] = creds.token
     pairs = sorted(urllib.parse.parse_qsl(query, keep_blank_values=True))
     canonical_query = "&".join(
-        f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}" for k, v in pairs
+        f"{urllib.parse.quote(k, safe='-_.~')}={urllib.parse.quote(v, safe='-_.~')}"
+        for k, v in pairs
     )
     lowered = sorted((k.lower(), " ".join(v.split())) for k, v in headers.items())
     signed = ";".join(k for k, _v in lowered)

@@ -54,7 +54,7 @@ class S3Store(ObjectStore):
             breaker_threshold=breaker_threshold,
             breaker_cooldown=breaker_cooldown,
         )
-        self.target = target
+        self.where = target
         self.url = url.split("?", 1)[0]
         self.prefix = target.prefix
         self._creds = config.credentials(target)
@@ -76,12 +76,14 @@ class S3Store(ObjectStore):
     def _object(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _target(self, method: str, key: str | None, query: str = "") -> tuple[str, dict[str, str]]:
+    def request_for(
+        self, method: str, key: str | None, query: str = ""
+    ) -> tuple[str, dict[str, str]]:
         path = sigv4.quote_path(f"{self._root}/{self._object(key)}" if key else f"{self._root}/")
         headers = {"Host": self.transport.host_header}
         if self._creds is not None:
             payload = sigv4.UNSIGNED if method == "PUT" else sigv4.EMPTY_SHA256
-            sigv4.sign(self._creds, self.target.region, method, path, query, headers, payload)
+            sigv4.sign(self._creds, self.where.region, method, path, query, headers, payload)
         return path + (f"?{query}" if query else ""), headers
 
     def keys(self) -> Iterator[str]:
@@ -98,10 +100,10 @@ class S3Store(ObjectStore):
             if token:
                 params.append(("continuation-token", token))
             query = urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
-            path, headers = self._target("GET", None, query)
+            path, headers = self.request_for("GET", None, query)
             status, _reply, body = self.transport.request("GET", path, headers, limit=64 << 20)
             if status == 404:
-                raise StoreError(f"{self!r}: no bucket {self.target.bucket!r} there")
+                raise StoreError(f"{self!r}: no bucket {self.where.bucket!r} there")
             check_status(repr(self), "GET", status, self.counters, (200,))
             try:
                 root = ET.fromstring(body)
