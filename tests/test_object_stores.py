@@ -308,3 +308,69 @@ def test_a_typo_in_any_url_is_one_error_at_load(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=message):
             Settings.load(environ={"KERNELCACHE_REMOTE": url})
     assert json.dumps(Settings.load(environ={"KERNELCACHE_REMOTE": "s3://bkt/p http://h/x"}).remote)
+
+
+# Single-flight across machines -------------------------------------------------------------
+FLIGHT_CHILD = """
+import os, sys, time
+from kernelcache.cache import Cache
+from kernelcache.entry import Entry
+from kernelcache.settings import Settings
+root, url, log = sys.argv[1:4]
+def build():
+    with open(log, "a") as f:
+        f.write("compiled\\n")
+    time.sleep(1.5)
+    return Entry({"x": b"once"})
+with Cache(settings=Settings.load(environ={"KERNELCACHE_DIR": root, "KERNELCACHE_REMOTE": url})) as c:
+    print(c.get_or_compile("shared-key", build)["x"].decode())
+"""
+
+
+def test_machines_compile_a_key_once_through_s3_alone(s3_url: str, tmp_path: Path) -> None:
+    import os
+
+    log = tmp_path / "compiles.log"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", FLIGHT_CHILD, str(tmp_path / f"m{i}"), s3_url, str(log)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    outputs = [child.communicate(timeout=120)[0].strip() for child in children]
+    assert outputs == ["once"] * 3
+    assert log.read_text().count("compiled") == 1  # three machines, one compile
+
+
+def test_leases_are_probed_not_assumed(s3_url: str, http_url: str) -> None:
+    with open_store(s3_url) as s3, open_store(http_url) as http:
+        assert s3.flight_lock("k") is not None
+        assert s3.leases is True
+        assert http.flight_lock("k") is None  # nginx overwrites despite If-None-Match: *
+        assert http.leases is False
+
+
+def test_with_redis_in_the_stack_leases_stay_in_redis(
+    s3_url: str, redis_server: object, tmp_path: Path
+) -> None:
+    url = f"{redis_server.url}?namespace={prefix_of(tmp_path)} {s3_url}"  # type: ignore[attr-defined]
+    with machine(tmp_path / "a", url) as a:
+        redis, s3 = a.tiers[2], a.tiers[3]
+        assert redis.flight_lock("k") is not None
+        assert s3.flight_lock("k") is None
+
+
+def test_a_dead_holders_lease_is_taken_over(s3_url: str) -> None:
+    with open_store(s3_url) as store:
+        store.lease_seconds = 1.0
+        put_raw(store, ".lock/k", b"a holder that died")
+        lock = store.flight_lock("k")
+        assert lock is not None
+        assert lock.acquire(timeout=30)
+        lock.release()
+        path, headers = store.request_for("HEAD", ".lock/k")
+        assert store.transport.request("HEAD", path, headers)[0] == 404

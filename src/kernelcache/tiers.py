@@ -61,8 +61,12 @@ def default_tiers(settings: Settings) -> list[Store]:
     if settings.remote:
         from kernelcache.stores import remotes  # only users of a remote pay for it
 
-        for url in remotes.split(settings.remote):  # front first: Redis before S3
-            tiers.append(remotes.make(url, secret=settings.secret, read_only=settings.read_only))
+        team = [  # front first: Redis before S3
+            remotes.make(url, secret=settings.secret, read_only=settings.read_only)
+            for url in remotes.split(settings.remote)
+        ]
+        remotes.share_leases(team)
+        tiers.extend(team)
     return tiers
 
 

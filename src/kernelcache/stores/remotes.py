@@ -72,3 +72,12 @@ def make(url: str, **options: Any) -> Store:
     module, cls, _check = _TIERS[_kind(url)]
     store: Store = getattr(importlib.import_module(module), cls)(url, **options)
     return store
+
+
+def share_leases(tiers: list[Store]) -> None:
+    """With Redis in the stack, single-flight leases stay in Redis: the object tiers
+    behind it take none of their own (one lease per compile, on the fastest server)."""
+    if any(tier.kind == "redis" for tier in tiers):
+        for tier in tiers:
+            if hasattr(tier, "leases"):
+                tier.leases = False

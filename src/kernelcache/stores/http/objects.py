@@ -26,7 +26,7 @@ from typing import Any
 from kernelcache import entry_format
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
-from kernelcache.stores.base import EntryInfo, Store, bound, validate_key
+from kernelcache.stores.base import EntryInfo, FlightLock, Store, bound, validate_key
 from kernelcache.stores.http.transport import Call, Transport, check_status
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.breaker import CircuitBreaker
@@ -283,6 +283,27 @@ class ObjectStore(Store):
         check_status(repr(self), "HEAD", status, self.counters, (200,))
         modified = _http_time(reply.get("Last-Modified"))
         return EntryInfo(key, int(reply.get("Content-Length") or 0), modified, modified)
+
+    #: Whether this tier offers cross-machine leases: ``None`` probes the server on
+    #: first use; ``False`` when another tier of the stack (Redis) holds them.
+    leases: bool | None = None
+    #: Seconds a lease lasts unless renewed (a holder that died blocks no one longer).
+    lease_seconds = 30.0
+
+    def flight_lock(self, key: str) -> FlightLock | None:
+        """A lease spanning machines, where the server honours conditional creates (probed)."""
+        validate_key(key)
+        if self.read_only or self.leases is False:
+            return None
+        if self.leases is None:
+            from kernelcache.stores.http.lease import honours_if_none_match
+
+            self.leases = honours_if_none_match(self)
+        if not self.leases:
+            return None
+        from kernelcache.stores.http.lease import ObjectLease
+
+        return ObjectLease(self, key, lease=self.lease_seconds)
 
     def ping(self) -> float:
         """Seconds one round trip to the server takes (a HEAD of a key nobody uses)."""
