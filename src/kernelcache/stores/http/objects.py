@@ -206,17 +206,47 @@ class ObjectStore(Store):
         if size > self.max_entry_size:
             self._count("errors")
             raise StoreError(f"{self!r}: entry of {size} bytes is over max_entry_size")
-        if key in self._kept or (self._signer is None and self._signed_there(key)):
+        if key in self._kept:
             self._keep(key)
         body = self._seal(key, parts, size)
-        stored = sum(map(len, body))
+        if self._signer is not None:
+            self._send_put(key, body)
+        elif size <= SMALL and self.conditional():
+            # A machine without the secret never replaces a signed entry (keyless.py):
+            # where none is, one conditional PUT; only when one is there, a look at it.
+            if self._send_put(key, body, if_absent=True) == 412:
+                if self._signed_there(key):
+                    self._keep(key)
+                self._send_put(key, body)
+        else:
+            if self._signed_there(key):
+                self._keep(key)
+            self._send_put(key, body)
+        self._count("puts")
+        self._count("bytes_written", sum(map(len, body)))
+        return bound(entry, key)
+
+    def _send_put(self, key: str, body: list[bytes], *, if_absent: bool = False) -> int:
         path, headers = self.request_for("PUT", key)
+        if if_absent:
+            headers["If-None-Match"] = "*"
+        ok = (200, 201, 204, 412) if if_absent else (200, 201, 204)
         with self.transport.open("PUT", path, headers, body) as (resp, _call):
             resp.read(1 << 16)
-            check_status(repr(self), "PUT", resp.status, self.counters, (200, 201, 204))
-        self._count("puts")
-        self._count("bytes_written", stored)
-        return bound(entry, key)
+            check_status(repr(self), "PUT", resp.status, self.counters, ok)
+            return resp.status
+
+    #: Whether the server refuses ``If-None-Match: *`` over an existing object
+    #: (probed on first use, see lease.py; nginx's WebDAV module overwrites).
+    conditional_writes: bool | None = None
+
+    def conditional(self) -> bool:
+        """Whether conditional creates work on this server (probed once)."""
+        if self.conditional_writes is None:
+            from kernelcache.stores.http.lease import honours_if_none_match
+
+            self.conditional_writes = honours_if_none_match(self)
+        return self.conditional_writes
 
     def _seal(self, key: str, parts: list[bytes], size: int) -> list[bytes]:
         """The record's buffers: the entry's own (or one zstd frame), then MAC and trailer."""
@@ -296,9 +326,7 @@ class ObjectStore(Store):
         if self.read_only or self.leases is False:
             return None
         if self.leases is None:
-            from kernelcache.stores.http.lease import honours_if_none_match
-
-            self.leases = honours_if_none_match(self)
+            self.leases = self.conditional()
         if not self.leases:
             return None
         from kernelcache.stores.http.lease import ObjectLease
