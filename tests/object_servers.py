@@ -28,6 +28,7 @@ SKIP_CEPH = (
 SKIP_NGINX = "nginx not found: apt-get install nginx (scripts/test.sh installs it when missing)"
 ACCESS_KEY = "kernelcachetest"
 SECRET_KEY = "kernelcachetestsecret0123456789"
+HTTP_USER, HTTP_PASSWORD = "kc", "kc-password"
 
 
 def free_port() -> int:
@@ -139,11 +140,20 @@ http {{
             autoindex on;
             autoindex_format json;
         }}
+        location /private/ {{
+            auth_basic "kernelcache";
+            auth_basic_user_file {d}/htpasswd;
+            dav_methods PUT DELETE;
+            create_full_put_path on;
+            client_max_body_size 0;
+            client_body_temp_path {self.data}/.tmp;
+        }}
     }}
 }}
 """
         )
         (self.data / ".tmp").mkdir(exist_ok=True)
+        (d / "htpasswd").write_text(f"{HTTP_USER}:{{PLAIN}}{HTTP_PASSWORD}\n")
         self.processes = [
             subprocess.Popen(
                 ["nginx", "-p", str(d), "-c", str(conf), "-e", str(d / "error.log")],

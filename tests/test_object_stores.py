@@ -194,6 +194,23 @@ def test_read_only_writes_nothing(team_url: str, tmp_path: Path) -> None:
         assert list(remote(a).keys()) == []
 
 
+def test_http_basic_authentication_from_a_variable(
+    nginx_server: Nginx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from object_servers import HTTP_PASSWORD, HTTP_USER
+
+    url = f"{nginx_server.url}/private/team"
+    with HTTPStore(url) as anonymous:
+        with pytest.raises(StoreError, match="answered 401"):
+            anonymous.put("k", Entry({"x": b"1"}))
+        assert anonymous.counters.errors == 1
+    monkeypatch.setenv("KC_HTTP_AUTH", f"{HTTP_USER}:{HTTP_PASSWORD}")
+    with HTTPStore(f"{url}?basic=KC_HTTP_AUTH") as member:
+        member.put("k", Entry({"x": b"1"}))
+        assert member.get("k") == Entry({"x": b"1"})
+        assert HTTP_PASSWORD not in repr(member) + str(member.stats())
+
+
 # Outages ---------------------------------------------------------------------------------
 def test_a_killed_server_costs_misses_and_the_breaker_stops_paying(tmp_path: Path) -> None:
     server = Nginx(tmp_path / "nginx")

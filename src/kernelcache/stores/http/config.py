@@ -8,7 +8,6 @@ is an error when the settings load, not a broken build later.
 
 from __future__ import annotations
 
-import difflib
 import os
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -55,6 +54,8 @@ def parse_options(
     options: dict[str, Any] = {}
     for name, text in urllib.parse.parse_qsl(query, keep_blank_values=True):
         if name not in parsers:
+            import difflib
+
             close = difflib.get_close_matches(name, list(parsers), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(

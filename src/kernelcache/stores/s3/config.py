@@ -11,7 +11,6 @@ none at all means anonymous requests (a public bucket, read-only in practice).
 
 from __future__ import annotations
 
-import configparser
 import os
 import urllib.parse
 from collections.abc import Mapping
@@ -121,6 +120,8 @@ def _profile_value(env: Mapping[str, str], kind: str, profile: str, name: str) -
     else:
         path = env.get("AWS_CONFIG_FILE") or os.path.join(home, ".aws", "config")
         section = profile if profile == "default" else f"profile {profile}"
+    import configparser  # only without credentials in the environment
+
     parser = configparser.RawConfigParser()
     try:
         parser.read(path)

@@ -8,7 +8,6 @@ docs/object-storage.md for why not boto3, and the figures.
 from __future__ import annotations
 
 import urllib.parse
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 
 from kernelcache.errors import StoreError
@@ -91,6 +90,8 @@ class S3Store(ObjectStore):
             yield info.key
 
     def scan(self) -> Iterator[EntryInfo]:
+        import xml.etree.ElementTree as ET  # listings only: not on a hit's import path
+
         from kernelcache.stores.http.objects import _iso_time
 
         start = f"{self.prefix}/" if self.prefix else ""
