@@ -391,3 +391,56 @@ def test_a_dead_holders_lease_is_taken_over(s3_url: str) -> None:
         lock.release()
         path, headers = store.request_for("HEAD", ".lock/k")
         assert store.transport.request("HEAD", path, headers)[0] == 404
+
+
+# Streamed reads, limits, reconnects ----------------------------------------------------------
+def test_streamed_reads_verify_like_whole_ones(
+    team_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects over SMALL are read artifact by artifact: the same verdicts as whole reads."""
+    from kernelcache.stores.http import objects
+
+    monkeypatch.setattr(objects, "SMALL", 1024)
+    entry = Entry({"a": b"first" * 500, "b": b"second" * 700}, meta={"m": 1})
+    with open_store(team_url, secret=SECRET) as signed, open_store(team_url) as keyless:
+        signed.put("k", entry)
+        assert signed.get("k") == entry
+        assert keyless.get("k") is None and keyless.counters.unverifiable == 1
+        with open_store(team_url, secret="another") as other:
+            assert other.get("k") is None and other.counters.forged == 1
+        keyless.put("plain", entry)
+        assert keyless.get("plain") == entry
+        assert signed.get("plain") is None and signed.counters.forged == 1
+        put_raw(signed, "k", _flip(get_raw(signed, "k")))  # inside an artifact
+        assert keyless.get("k") is None and keyless.counters.corrupt == 1
+        assert get_raw(keyless, "k")  # kept: keyless, it could not tell whether it is signed
+        assert signed.get("k") is None and signed.counters.corrupt == 1
+        put_raw(keyless, "plain", get_raw(keyless, "plain")[:-10])
+        assert keyless.get("plain") is None and keyless.counters.corrupt == 2
+
+
+def test_an_object_over_max_entry_size_is_refused_unread(team_url: str) -> None:
+    with open_store(team_url) as store:
+        store.put("big", Entry({"x": b"y" * 100_000}))
+        with make(team_url.replace("?", "&") + "?max_entry_size=10K") as small:
+            assert isinstance(small, ObjectStore)
+            assert small.get("big") is None
+            assert small.counters.oversized == 1
+            with pytest.raises(StoreError, match="over max_entry_size"):
+                small.put("big2", Entry({"x": b"y" * 100_000}))
+        assert store.ping() >= 0.0
+
+
+def test_a_restarted_server_is_reached_again_on_a_fresh_connection(tmp_path: Path) -> None:
+    server = Nginx(tmp_path / "nginx")
+    server.start()
+    try:
+        with HTTPStore(f"{server.url}/restart") as store:
+            store.put("k", Entry({"x": b"1"}))
+            assert store.get("k") is not None
+            server.stop()
+            server.start()  # same port: the kept-alive connection is now dead
+            assert store.get("k") == Entry({"x": b"1"})
+            assert store.counters.errors == 0
+    finally:
+        server.stop()

@@ -44,6 +44,12 @@ _MAX_HEADER = 64 << 20
 _log = logging.getLogger("kernelcache")
 
 
+class UncheckedDamage(CorruptEntry):
+    """Damage a keyless reader met before it could tell whether the record is signed: kept."""
+
+    deletable = False
+
+
 class ObjectStore(Store):
     """A team tier of objects under a prefix, one per key; subclasses speak the protocol.
 
@@ -148,13 +154,20 @@ class ObjectStore(Store):
         size = entry_format.header_size(prefix)
         if not size <= min(length, _MAX_HEADER):
             raise CorruptEntry(f"entry header of {size} bytes in a {length}-byte object")
-        head = prefix + take(size - len(prefix))
-        total = entry_format.parse_header(head).total_size
-        if length - total not in _TRAILERS:
-            raise CorruptEntry(f"object of {length} bytes holds an entry of {total}")
-        recorded, meta_raw, artifacts = entry_format.unpack_from(
-            head, total, key, lambda n, _offset: take(n)
-        )
+        try:
+            head = prefix + take(size - len(prefix))
+            total = entry_format.parse_header(head).total_size
+            if length - total not in _TRAILERS:
+                raise CorruptEntry(f"object of {length} bytes holds an entry of {total}")
+            recorded, meta_raw, artifacts = entry_format.unpack_from(
+                head, total, key, lambda n, _offset: take(n)
+            )
+        except CorruptEntry as exc:
+            if self._signer is not None:
+                raise
+            # Damage found before the trailer says whether the record is signed: a
+            # machine without the secret must not delete what may be a team's entry.
+            raise UncheckedDamage(str(exc)) from exc
         tail = _read_exact(resp, length - total)
         stored, flags = fmt.read_trailer(tail[-fmt.TAIL_SIZE :])
         if flags & (fmt.ZSTD | fmt.CHUNKED) or stored != total:
