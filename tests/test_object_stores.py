@@ -405,18 +405,24 @@ def test_streamed_reads_verify_like_whole_ones(
     with open_store(team_url, secret=SECRET) as signed, open_store(team_url) as keyless:
         signed.put("k", entry)
         assert signed.get("k") == entry
-        assert keyless.get("k") is None and keyless.counters.unverifiable == 1
+        assert keyless.get("k") is None
+        assert keyless.counters.unverifiable == 1
         with open_store(team_url, secret="another") as other:
-            assert other.get("k") is None and other.counters.forged == 1
+            assert other.get("k") is None
+            assert other.counters.forged == 1
         keyless.put("plain", entry)
         assert keyless.get("plain") == entry
-        assert signed.get("plain") is None and signed.counters.forged == 1
+        assert signed.get("plain") is None
+        assert signed.counters.forged == 1
         put_raw(signed, "k", _flip(get_raw(signed, "k")))  # inside an artifact
-        assert keyless.get("k") is None and keyless.counters.corrupt == 1
+        assert keyless.get("k") is None
+        assert keyless.counters.corrupt == 1
         assert get_raw(keyless, "k")  # kept: keyless, it could not tell whether it is signed
-        assert signed.get("k") is None and signed.counters.corrupt == 1
+        assert signed.get("k") is None
+        assert signed.counters.corrupt == 1
         put_raw(keyless, "plain", get_raw(keyless, "plain")[:-10])
-        assert keyless.get("plain") is None and keyless.counters.corrupt == 2
+        assert keyless.get("plain") is None
+        assert keyless.counters.corrupt == 2
 
 
 def test_an_object_over_max_entry_size_is_refused_unread(team_url: str) -> None:
