@@ -103,6 +103,7 @@ class ObjectStore(Store):
         try:
             with self.transport.open("GET", path, headers) as (resp, call):
                 if resp.status == 404:
+                    resp.read(1 << 16)  # the error page: read, so the connection is kept
                     self.counters.misses += 1
                     return None
                 check_status(repr(self), "GET", resp.status, self.counters, (200,))
@@ -124,7 +125,8 @@ class ObjectStore(Store):
                 f"object of {length} bytes is over max_entry_size", deletable=True
             )
         if length <= SMALL:
-            call.fit(length)
+            if length > 1 << 16:  # time to move it (a small one fits the timeout as it is)
+                call.fit(length)
             raw = _read_exact(resp, length)
             return self._decode(key, raw), length
         return self._stream(key, resp, call, length), length

@@ -170,7 +170,8 @@ class Transport:
                 if body is not None or method == "PUT":
                     sent["Content-Length"] = str(size)
                 conn.request(method, path, body=body, headers=sent)
-                call.fit()
+                if size > TRANSFER_FLOOR // 100:  # the send took a while: give the rest
+                    call.fit()
                 return conn.getresponse(), call
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 conn.close()
@@ -196,8 +197,9 @@ class Transport:
             length = resp.getheader("Content-Length")
             if length is not None and length.isdigit() and int(length) > limit:
                 raise StoreError(f"{self.label}: a {length}-byte reply, over the {limit} allowed")
-            call.fit()
-            data = resp.read(limit + 1) if method != "HEAD" else b""
+            if length is not None and length.isdigit() and int(length) > 1 << 16:
+                call.fit(int(length))  # a long listing: the time to move it
+            data = resp.read(limit + 1)  # a HEAD's is empty; reading it frees the connection
             if len(data) > limit:
                 raise StoreError(f"{self.label}: a reply over the {limit} bytes allowed")
             return resp.status, resp.headers, data
