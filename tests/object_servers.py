@@ -84,11 +84,14 @@ class _Server:
     def resume(self) -> None:
         os.kill(self.processes[-1].pid, signal.SIGCONT)
 
+    #: How a server is stopped: nginx cleanly, Ceph at once (its data is thrown away).
+    stop_signal = signal.SIGTERM
+
     def stop(self) -> None:
         for process in reversed(self.processes):
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGCONT)
-                process.terminate()
+                os.kill(process.pid, self.stop_signal)
         for process in reversed(self.processes):
             try:
                 process.wait(10)
@@ -166,6 +169,8 @@ http {{
 
 class RadosGW(_Server):
     """A single-node Ceph cluster (memstore) and radosgw with fixed S3 keys."""
+
+    stop_signal = signal.SIGKILL
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

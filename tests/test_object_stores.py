@@ -22,7 +22,16 @@ from kernelcache.stores.http import HTTPStore
 from kernelcache.stores.http.objects import ObjectStore
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.remotes import make
-from object_servers import Nginx, prefix_of
+from object_servers import (
+    ACCESS_KEY,
+    MISSING_CEPH,
+    SECRET_KEY,
+    SKIP_CEPH,
+    Nginx,
+    RadosGW,
+    make_bucket,
+    prefix_of,
+)
 
 SECRET = "team-secret-for-tests"
 
@@ -212,10 +221,25 @@ def test_http_basic_authentication_from_a_variable(
 
 
 # Outages ---------------------------------------------------------------------------------
-def test_a_killed_server_costs_misses_and_the_breaker_stops_paying(tmp_path: Path) -> None:
-    server = Nginx(tmp_path / "nginx")
-    server.start()
-    url = f"{server.url}/outage?timeout=2"
+@pytest.mark.parametrize("kind", ["http", "s3"])
+def test_a_killed_server_costs_misses_and_the_breaker_stops_paying(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server is killed mid-run (its own, not the session's): every build succeeds."""
+    server: Nginx | RadosGW
+    if kind == "http":
+        server = Nginx(tmp_path / "nginx")
+        server.start()
+        url = f"{server.url}/outage?timeout=2"
+    else:
+        if MISSING_CEPH:
+            pytest.skip(SKIP_CEPH)
+        server = RadosGW(tmp_path / "rgw")
+        server.start()
+        make_bucket(server.endpoint, "outage")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        url = f"s3://outage/p?endpoint={server.endpoint}&timeout=2"
     try:
         with machine(tmp_path / "a", url) as a:
             a.put("before", Entry({"x": b"kept"}))
@@ -305,6 +329,7 @@ def test_prune_remote_to_a_size_and_ls_show_verify(team_url: str, tmp_path: Path
         assert {r["tier"] for r in rows} == {store.kind}
         assert kc_json("show", "e3", env=env)["tier"] == store.kind
         assert kc_json("verify", env=env) == {"checked": 6, "bad": []}
+        assert kc_json("stats", env=env)["usage"][store.kind]["entries"] == 6
         out = kc("prune", "--remote", "--max-size", "50K", env=env)
         assert out.returncode == 0, out.stderr
         remaining = list(store.scan())
