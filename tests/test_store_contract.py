@@ -98,7 +98,7 @@ class TestS3(StoreContract):
 
     @pytest.fixture
     def store_factory(self, s3_url: str) -> Iterator[StoreFactory]:
-        from kernelcache.stores.s3 import S3Store
+        from kernelcache.stores import S3Store
 
         yield from closing(lambda read_only=False: S3Store(s3_url, read_only=read_only, timeout=30))
 
@@ -108,7 +108,7 @@ class TestHTTP(StoreContract):
 
     @pytest.fixture
     def store_factory(self, http_url: str) -> Iterator[StoreFactory]:
-        from kernelcache.stores.http import HTTPStore
+        from kernelcache.stores import HTTPStore
 
         yield from closing(
             lambda read_only=False: HTTPStore(http_url, read_only=read_only, timeout=30)
