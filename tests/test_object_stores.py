@@ -189,6 +189,8 @@ def test_signed_entries_and_a_machine_without_the_secret(team_url: str, tmp_path
         assert signed.get("k") == entry  # kept whole through all of it
         assert signed.get("fresh") is None  # unsigned where a secret is set: forged
         assert signed.counters.forged == 1
+        signed.put("fresh", entry)  # ... and replaced by a machine with the secret
+        assert signed.get("fresh") == entry
         put_raw(signed, "k", _flip(get_raw(signed, "k")))
         assert signed.get("k") is None
         assert signed.counters.forged == 2

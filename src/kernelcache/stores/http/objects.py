@@ -44,6 +44,10 @@ _MAX_HEADER = 64 << 20
 _log = logging.getLogger("kernelcache")
 
 
+class UnsignedEntry(fmt.ForgedEntry):
+    """An unsigned object where the team signs (a keyless machine's): ignored, and replaced."""
+
+
 class UncheckedDamage(CorruptEntry):
     """Damage a keyless reader met before it could tell whether the record is signed: kept."""
 
@@ -121,8 +125,9 @@ class ObjectStore(Store):
             raise CorruptEntry("the server gave no Content-Length")
         length = int(length_text)
         if length > self.max_entry_size + fmt.MAC_SIZE + fmt.TAIL_SIZE:
+            # Kept: a machine allowed larger entries may have written it.
             raise fmt.OversizedEntry(
-                f"object of {length} bytes is over max_entry_size", deletable=True
+                f"object of {length} bytes is over max_entry_size", deletable=False
             )
         if length <= SMALL:
             if length > 1 << 16:  # time to move it (a small one fits the timeout as it is)
@@ -132,6 +137,10 @@ class ObjectStore(Store):
         return self._stream(key, resp, call, length), length
 
     def _decode(self, key: str, raw: bytes) -> Entry:
+        if self._signer is not None and len(raw) >= fmt.TAIL_SIZE:
+            _size, flags = fmt.read_trailer(raw[-fmt.TAIL_SIZE :])
+            if not flags & fmt.SIGNED:
+                raise UnsignedEntry("unsigned value where a secret is configured")
         record = fmt.open_record(key.encode(), raw, self._signer)
         if record.flags & fmt.CHUNKED:
             raise CorruptEntry("a chunked record is the Redis tier's, not an object's")
@@ -152,11 +161,11 @@ class ObjectStore(Store):
                 hasher.update(data)
             return data
 
-        prefix = take(entry_format.PREFIX_SIZE)
-        size = entry_format.header_size(prefix)
-        if not size <= min(length, _MAX_HEADER):
-            raise CorruptEntry(f"entry header of {size} bytes in a {length}-byte object")
         try:
+            prefix = take(entry_format.PREFIX_SIZE)
+            size = entry_format.header_size(prefix)
+            if not size <= min(length, _MAX_HEADER):
+                raise CorruptEntry(f"entry header of {size} bytes in a {length}-byte object")
             head = prefix + take(size - len(prefix))
             total = entry_format.parse_header(head).total_size
             if length - total not in _TRAILERS:
@@ -182,7 +191,7 @@ class ObjectStore(Store):
                     "signed value, and this client has no secret to check it"
                 )
         elif not flags & fmt.SIGNED:
-            raise fmt.ForgedEntry("unsigned value where a secret is configured")
+            raise UnsignedEntry("unsigned value where a secret is configured")
         else:
             mac = self._signer.finish(hasher, key.encode(), tail[fmt.MAC_SIZE :])
             if not hmac.compare_digest(mac, tail[: fmt.MAC_SIZE]):
@@ -196,7 +205,8 @@ class ObjectStore(Store):
             return
         if isinstance(exc, fmt.ForgedEntry):
             self._count("forged")
-            self._kept.add(key)  # another secret's, maybe: not ours to replace
+            if not isinstance(exc, UnsignedEntry):
+                self._kept.add(key)  # another secret's, maybe: not ours to replace
         elif isinstance(exc, fmt.UnverifiableEntry):
             self._count("unverifiable")
             self._kept.add(key)
