@@ -13,7 +13,7 @@ through S3 against the Redis tier and sccache's S3 backend, in one run on privat
    launcher with the S3 tier, with the Redis tier, sccache with its S3 backend on the
    same radosgw, and no cache. Target: S3 <= 1.2x Redis, and well under sccache.
 
-    .venv/bin/python benchmarks/bench_remote.py [--quick] [--json FILE]
+    .venv/bin/python benchmarks/bench_remote.py [--quick | --smoke] [--json FILE]
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def transfer_calls(
 
 
 def bench_transfers(
-    s3_url: str, http_url: str, endpoint: str, nginx_port: int, quick: bool
+    s3_url: str, http_url: str, endpoint: str, nginx_port: int, quick: bool, sizes: dict[str, int]
 ) -> None:
     s3 = S3Store(s3_url, timeout=60)
     web = HTTPStore(http_url, timeout=60)
@@ -181,7 +181,7 @@ def bench_transfers(
     print("\nget and put, median ms (ratio to the bare client; target for a get <= 1.2x)")
     print(f"  {'size':>5} {'tier':>5} {'op':>4} {'kernelcache':>12} {'bare wire':>10} {'ratio':>6}"
           f" {'boto3':>8} {'ratio':>6}")  # fmt: skip
-    for label, size in SIZES.items():
+    for label, size in sizes.items():
         repeat = 3 if quick else max(5, min(200, (64 << 20) // size // 8))
         entry = Entry({"blob": os.urandom(size)})
         for tier, store, bare in (("s3", s3, bare_s3), ("http", web, bare_web)):
@@ -288,7 +288,10 @@ def bench_second_machine(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few repeats (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="few repeats")
+    parser.add_argument(
+        "--smoke", action="store_true", help="end to end in seconds: 4K and 1M, no build"
+    )
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument("--no-build", action="store_true", help="skip the CMake comparison")
     parser.add_argument("--only-build", action="store_true", help="the CMake comparison alone")
@@ -320,15 +323,17 @@ def main() -> int:
             }
             os.environ.update(aws)
             if not args.only_build:
-                bench_imports(rgw.endpoint)
+                if not args.smoke:
+                    bench_imports(rgw.endpoint)
                 bench_transfers(
                     f"s3://{servers.BUCKET}/bench",
                     f"{web.url}/bench",
                     rgw.endpoint,
                     web.port,
-                    args.quick,
+                    args.quick or args.smoke,
+                    {"4K": SIZES["4K"], "1M": SIZES["1M"]} if args.smoke else SIZES,
                 )
-            if not args.no_build:
+            if not (args.no_build or args.smoke):
                 bench_second_machine(
                     tmp,
                     f"s3://{servers.BUCKET}/build",

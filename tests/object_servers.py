@@ -143,6 +143,9 @@ http {{
             autoindex on;
             autoindex_format json;
         }}
+        location /broken/ {{
+            return 503;
+        }}
         location /private/ {{
             auth_basic "kernelcache";
             auth_basic_user_file {d}/htpasswd;

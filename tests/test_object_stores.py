@@ -257,6 +257,18 @@ def test_a_killed_server_costs_misses_and_the_breaker_stops_paying(
         server.stop()
 
 
+def test_a_5xx_is_a_counted_failure_and_opens_the_breaker(nginx_server: Nginx) -> None:
+    with HTTPStore(f"{nginx_server.url}/broken/team") as store:
+        for _ in range(3):
+            with pytest.raises(StoreError, match="answered 503"):
+                store.get("k")
+        assert store.counters.errors == 3
+        assert store.counters.breaker_trips == 1
+        with pytest.raises(StoreError, match="circuit open"):
+            store.put("k", Entry({"x": b"1"}))
+        assert store.counters.skipped == 1
+
+
 def test_a_silent_server_is_a_timeout_not_a_hang(tmp_path: Path) -> None:
     server = Nginx(tmp_path / "nginx")
     server.start()
@@ -477,3 +489,31 @@ def test_a_restarted_server_is_reached_again_on_a_fresh_connection(tmp_path: Pat
             assert store.counters.errors == 0
     finally:
         server.stop()
+
+
+def test_bench_remote_runs_end_to_end(tmp_path: Path) -> None:
+    """The benchmark still runs (a few calls each; no timing is asserted)."""
+    import os
+
+    from object_servers import MISSING_NGINX
+
+    if MISSING_CEPH or MISSING_NGINX:
+        pytest.skip(SKIP_CEPH)
+    out = tmp_path / "bench.json"
+    bench = Path(SRC).parent / "benchmarks" / "bench_remote.py"
+    proc = subprocess.run(
+        [sys.executable, str(bench), "--smoke", "--json", str(out)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["transfers"]
+    assert {(r["tier"], r["op"], r["size"]) for r in rows} == {
+        (tier, op, size)
+        for tier in ("s3", "http")
+        for op in ("get", "put")
+        for size in ("4K", "1M")
+    }

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kernelcache.errors import ConfigError
-from kernelcache.stores.redis.config import _age, _flag, _seconds, _size
+from kernelcache.stores.redis.config import _flag, _seconds, _size
 
 #: Options every object tier reads from its URL.
 COMMON_OPTIONS: dict[str, Callable[[str], Any]] = {
@@ -43,7 +43,6 @@ S3_OPTIONS: dict[str, Callable[[str], Any]] = {
     "region": str,
     "profile": str,
     "path_style": _flag,
-    "ttl": _age,
 }
 
 

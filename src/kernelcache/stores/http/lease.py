@@ -38,8 +38,8 @@ def _put_if_absent(store: ObjectStore, name: str, body: bytes) -> int:
 def honours_if_none_match(store: ObjectStore) -> bool:
     """Whether the server refuses a conditional create over an existing object (probed)."""
     name = f"{LOCKS}/probe-{secrets.token_hex(8)}"
+    first = _put_if_absent(store, name, b"probe")  # a failure here leaves nothing behind
     try:
-        first = _put_if_absent(store, name, b"probe")
         second = _put_if_absent(store, name, b"probe")
     finally:
         path, headers = store.request_for("DELETE", name)
