@@ -17,6 +17,7 @@ import http.client
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,6 +33,20 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 
 class ServerFailed(StoreError):
     """The server answered 5xx: as good as down for this call."""
+
+
+class _Held:
+    """A thread's connection, closed the moment its thread (or its transport) lets go of it:
+    left to the garbage collector, a socket closes late, with a ResourceWarning."""
+
+    __slots__ = ("__weakref__", "conn", "pid")
+
+    def __init__(self, conn: http.client.HTTPConnection) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+
+    def __del__(self) -> None:
+        self.conn.close()
 
 
 class Call:
@@ -76,7 +91,7 @@ class Transport:
         self.label = label
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: weakref.WeakSet[_Held] = weakref.WeakSet()  # for close()
 
     @property
     def host_header(self) -> str:
@@ -85,19 +100,17 @@ class Transport:
 
     def _connection(self, fresh: bool) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's connection and whether it was used before (it may be stale)."""
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None and (fresh or self._local.pid != os.getpid()):
-            conn.close()
-            conn = None
-        if conn is not None:
-            return conn, True
-        if self.scheme == "https":
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout)
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        self._local.conn, self._local.pid = conn, os.getpid()
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is not None and (fresh or held.pid != os.getpid()):
+            held.conn.close()
+            held = None
+        if held is not None:
+            return held.conn, True
+        kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = kind(self.host, self.port, timeout=self.timeout)
+        held = self._local.held = _Held(conn)
         with self._lock:
-            self._all.append(conn)
+            self._all.add(held)
         return conn, False
 
     @contextlib.contextmanager
@@ -213,9 +226,9 @@ class Transport:
 
     def close(self) -> None:
         with self._lock:
-            conns, self._all = self._all, []
-        for conn in conns:
-            conn.close()
+            held = list(self._all)
+        for one in held:
+            one.conn.close()
 
 
 def check_status(label: str, method: str, status: int, counters: Any, ok: Sequence[int]) -> None:
