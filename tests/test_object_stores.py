@@ -304,6 +304,7 @@ with make(sys.argv[1], secret="s") as store:
     got = store.get("big")
     after_get = peak()
     ok = got is not None and len(got["blob"]) == N and got.meta == {"big": True}
+    store.delete("big")  # radosgw's memstore keeps objects in memory
 print(base, after_put, after_get, ok)
 """
 
@@ -319,8 +320,9 @@ def test_a_256_mb_entry_streams_within_the_stated_bound(s3_url: str, tmp_path: P
         capture_output=True,
         text=True,
         timeout=300,
-        check=True,
+        check=False,
     )
+    assert out.returncode == 0, out.stderr
     base, after_put, after_get, ok = out.stdout.split()
     assert ok == "True", out.stderr
     slack = 64 << 20

@@ -207,7 +207,8 @@ class Transport:
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         """``(status, headers, body)`` of a call whose reply is small (at most ``limit`` bytes)."""
         with self.open(method, path, headers, body) as (resp, call):
-            length = resp.getheader("Content-Length")
+            # A HEAD's Content-Length is the object's, and no body follows.
+            length = resp.getheader("Content-Length") if method != "HEAD" else None
             if length is not None and length.isdigit() and int(length) > limit:
                 raise StoreError(f"{self.label}: a {length}-byte reply, over the {limit} allowed")
             if length is not None and length.isdigit() and int(length) > 1 << 16:
@@ -235,5 +236,10 @@ def check_status(label: str, method: str, status: int, counters: Any, ok: Sequen
     """Raise a counted :class:`StoreError` unless ``status`` is one of ``ok`` (4xx: refused)."""
     if status not in ok:
         counters.add("errors")
-        hint = " (check the credentials and the bucket's policy)" if status in (401, 403) else ""
+        hints = {
+            301: " (an S3 bucket in another region: set ?region= or AWS_REGION)",
+            401: " (check the credentials)",
+            403: " (check the credentials and the bucket's policy)",
+        }
+        hint = hints.get(status, "")
         raise StoreError(f"{label}: {method} answered {status}{hint}")
