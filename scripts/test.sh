@@ -8,6 +8,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
+if ! command -v radosgw >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
+    # The S3 and HTTP tiers' tests start their own radosgw (a one-OSD Ceph cluster) and
+    # nginx WebDAV server on free loopback ports, inside the test's directory.
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq radosgw ceph-mon ceph-osd ceph-common nginx >/dev/null
+fi
 if [ -e /dev/fuse ] && { ! command -v fusermount3 >/dev/null 2>&1 || [ ! -e /usr/include/fuse3/fuse_lowlevel.h ]; }; then
     # The shared-filesystem tests mount a fault-injecting FUSE filesystem (tests/netfs/netfs.c),
     # compiled by the tests with cc against libfuse3.

@@ -64,17 +64,18 @@ def _parse_cap(var: str, text: str | int) -> int | None:
 
 
 def _parse_remote(var: str, text: str) -> str | None:
-    """The team tier's URL, checked whole now: a typo is one error here, not a
-    ``TypeError`` from every later lookup (issue 20)."""
-    if not text:
+    """The team tiers' URLs, space-separated, front first (ccache's ``remote_storage``),
+    each checked whole now: a typo is one error here, not a ``TypeError`` from every
+    later lookup (issue 20)."""
+    if not text.strip():
         return None
-    from kernelcache.stores.redis.config import validate_url  # only remote users pay for it
+    from kernelcache.stores import remotes  # only remote users pay for their tiers' modules
 
     try:
-        validate_url(text)
+        remotes.validate(text)
     except ConfigError as exc:
         raise ConfigError(f"{var}: {exc}") from None
-    return text
+    return " ".join(remotes.split(text))
 
 
 def _parse_dir(var: str, text: str) -> str:
