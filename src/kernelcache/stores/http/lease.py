@@ -18,12 +18,21 @@ import random
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kernelcache.errors import StoreError
+from kernelcache.stores.http.transport import Transport, http_time
 
-if TYPE_CHECKING:
-    from kernelcache.stores.http.objects import ObjectStore
+
+class ObjectStore(Protocol):
+    """What a lease needs of its store (an object tier): requests on one object."""
+
+    transport: Transport
+
+    def request_for(
+        self, method: str, key: str | None, query: str = ""
+    ) -> tuple[str, dict[str, str]]: ...
+
 
 LOCKS = ".lock"
 
@@ -88,13 +97,11 @@ class ObjectLease:
         self._renewer.start()
 
     def _stale(self) -> bool:
-        from kernelcache.stores.http.objects import _http_time
-
         path, headers = self.store.request_for("HEAD", self.name)
         status, reply, _b = self.store.transport.request("HEAD", path, headers)
         if status != 200:
             return status == 404  # gone meanwhile: try again at once
-        now, written = _http_time(reply.get("Date")), _http_time(reply.get("Last-Modified"))
+        now, written = http_time(reply.get("Date")), http_time(reply.get("Last-Modified"))
         return bool(now and written and now - written > self.lease)
 
     def _mine(self) -> bool:

@@ -27,7 +27,7 @@ from kernelcache import entry_format
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import EntryInfo, FlightLock, Store, bound, validate_key
-from kernelcache.stores.http.transport import Call, Transport, check_status
+from kernelcache.stores.http.transport import Call, Transport, check_status, http_time
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.breaker import CircuitBreaker
 from kernelcache.stores.redis.config import secret_bytes
@@ -340,7 +340,7 @@ class ObjectStore(Store):
         if status == 404:
             return None
         check_status(repr(self), "HEAD", status, self.counters, (200,))
-        modified = _http_time(reply.get("Last-Modified"))
+        modified = http_time(reply.get("Last-Modified"))
         return EntryInfo(key, int(reply.get("Content-Length") or 0), modified, modified)
 
     #: Whether this tier offers cross-machine leases: ``None`` probes the server on
@@ -383,18 +383,6 @@ def _read_exact(resp: http.client.HTTPResponse, n: int) -> bytes:
     if len(data) != n:
         raise CorruptEntry(f"object ended after {len(data)} of {n} bytes")
     return data
-
-
-def _http_time(text: str | None) -> float:
-    """Seconds since the epoch of an HTTP date (``Last-Modified``); 0.0 if absent or bad."""
-    import email.utils
-
-    if not text:
-        return 0.0
-    try:
-        return email.utils.parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError):
-        return 0.0
 
 
 def _iso_time(text: str | None) -> float:

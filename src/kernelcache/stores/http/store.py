@@ -97,12 +97,12 @@ class HTTPStore(ObjectStore):
                 "(nginx: autoindex on; autoindex_format json;): ls, verify and prune "
                 "--remote need a listing"
             )
-        from kernelcache.stores.http.objects import _http_time
+        from kernelcache.stores.http.transport import http_time
 
         for item in listing:
             if not isinstance(item, dict) or item.get("type") != "file":
                 continue
             name, size = item.get("name"), item.get("size")
             if is_valid_key(name) and isinstance(size, int):
-                modified = _http_time(item.get("mtime"))
+                modified = http_time(item.get("mtime"))
                 yield EntryInfo(str(name), size, modified, modified)

@@ -243,3 +243,15 @@ def check_status(label: str, method: str, status: int, counters: Any, ok: Sequen
         }
         hint = hints.get(status, "")
         raise StoreError(f"{label}: {method} answered {status}{hint}")
+
+
+def http_time(text: str | None) -> float:
+    """Seconds since the epoch of an HTTP date (``Last-Modified``); 0.0 if absent or bad."""
+    import email.utils
+
+    if not text:
+        return 0.0
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
