@@ -90,6 +90,21 @@ def test_an_opaque_field_explained_by_its_parts() -> None:
         fields.note_fields(key, {"bad": object()})
 
 
+@pytest.mark.parametrize(
+    ("namespace", "family"),
+    [
+        pytest.param("kernelcache.nvcc.direct", "nvcc", id="launcher"),
+        pytest.param("kernelcache.nvrtc", "nvrtc", id="nvrtc"),
+        pytest.param("jax/1", "jax", id="jax"),
+        pytest.param("my-dsl", "my_dsl", id="other"),
+    ],
+)
+def test_keys_are_grouped_by_integration_family(namespace: str, family: str) -> None:
+    assert keys.family(namespace) == family
+    assert keys.family_of(KeyBuilder(namespace).add("x", 1).hexdigest()) == family
+    assert keys.family_of("0" * 64) == "other"
+
+
 def test_records_do_not_change_keys() -> None:
     # The digests keys had before they kept records (existing entries stay valid).
     builder = KeyBuilder("kernelcache.nvrtc").add("arch", "sm_90").add("options", ["-G"])

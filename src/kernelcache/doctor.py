@@ -67,6 +67,7 @@ INTEGRATIONS = (
     Tool("tilelang", "tilelang", "kernelcache.tilelang", None),
     Tool("ninetoothed", "ninetoothed", "kernelcache.ninetoothed", None),
     Tool("torch.compile", "torch", "kernelcache.inductor", "KERNELCACHE_INDUCTOR"),
+    Tool("jax", "jax", "kernelcache.jax", "KERNELCACHE_JAX"),
 )
 
 

@@ -120,7 +120,7 @@ def built(key: str) -> tuple[str, tuple[tuple[str, bytes], ...]] | None:
 def family(namespace: str) -> str:
     """The integration family of a key namespace (``kernelcache.nvcc.direct`` -> ``nvcc``):
     what statistics and ``kernelcache explain --last-miss`` group keys by."""
-    parts = namespace.split(".")
+    parts = namespace.replace("/", ".").split(".")  # JAX's is "jax/1"
     name = parts[1] if parts[0] == "kernelcache" and len(parts) > 1 else parts[0]
     cleaned = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name.lower())
     return cleaned[:40] or "other"
