@@ -53,6 +53,8 @@ CORE = (
     "kernelcache._memos",
     "kernelcache.bundle",
     "kernelcache.maintenance",
+    "kernelcache.explain",
+    "kernelcache.explain.*",
 )
 INTEGRATIONS = (
     "kernelcache.nvrtc",
@@ -81,6 +83,7 @@ INTEGRATIONS = (
     "kernelcache.cli.*",
     "kernelcache.patching",
     "kernelcache.demo",
+    "kernelcache.doctor",
 )
 # Above both: the lazy public table, ``python -m kernelcache``, the default Cache
 # the integrations share, install hints, and the contract suite for other tiers.
