@@ -192,6 +192,8 @@ def _apply(
         inv.forward = inv.forward or role == "forward"
         if name == "--compiler-options":
             _host_options(inv, (value or "").split(","), 0)
+    elif role == "neutral":
+        return  # nvcc's own check still runs: a bad value fails the compile, uncached
     elif role.startswith("uncacheable:"):
         inv.refuse(role.split(":", 1)[1])
     elif role.startswith("mode:"):
