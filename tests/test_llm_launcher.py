@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -178,6 +179,10 @@ def test_eight_ranks_in_eight_uuid_folders_run_nvcc_once(
         assert (folder / "kernel.cubin").read_bytes() == expected
     stats = machine.stats()
     assert (stats["misses"], stats["hits"]) == (1, 7), stats
+    if server:  # its log, as it exits: the clients it did not plan a compile for
+        assert stop_server(machine.cache)
+        log = (machine.cache / "launcher.log").read_text()
+        assert re.search(r"answered python client .*fallback=[1-9]", log), log
 
 
 # FlashInfer's ninja build --------------------------------------------------------
