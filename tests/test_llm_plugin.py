@@ -130,3 +130,13 @@ def _front_elsewhere(tmp_path: Path) -> str:
         return shim.front({"PATH": str(tmp_path)})
     finally:
         sys.executable = saved
+
+
+def test_without_nvcc_the_plugin_says_what_it_could_not_set(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": "", "CUDA_PATH": ""}
+    found, logged = as_vllm(tmp_path, KERNELCACHE_VLLM="1", **env)
+    assert found["TRITON_CACHE_MANAGER"] == "kernelcache.triton:CacheManager"
+    assert (found["FLASHINFER_NVCC_LAUNCHER"], found["DG_JIT_NVCC_COMPILER"]) == (None, None)
+    assert len(logged) == 1
+    assert "not set: FLASHINFER_NVCC_LAUNCHER, DG_JIT_NVCC_COMPILER, PYTORCH_NVCC" in logged[0]
+    assert "set CUDA_HOME" in logged[0]
