@@ -101,3 +101,17 @@ def test_flight_timeout(value: str | None, expected: float) -> None:
 def test_a_bad_flight_timeout_is_said(value: str) -> None:
     with pytest.raises(ValueError, match="KERNELCACHE_NVCC_FLIGHT_TIMEOUT must be seconds"):
         flight.timeout({"KERNELCACHE_NVCC_FLIGHT_TIMEOUT": value})
+
+
+def test_kernelcache_config_shows_the_flight_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from kernelcache.cli.main import main as cli
+
+    monkeypatch.setenv("KERNELCACHE_NVCC_FLIGHT_TIMEOUT", "later")
+    assert cli(["config", "--json", "--dir", str(tmp_path / "c")]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["nvcc_flight_timeout"]["value"].startswith("invalid: ")
+    assert rows["vllm"]["value"] is False
