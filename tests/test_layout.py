@@ -81,6 +81,9 @@ INTEGRATIONS = (
     "kernelcache.cli.*",
     "kernelcache.patching",
     "kernelcache.demo",
+    "kernelcache.servers",
+    "kernelcache.servers.*",
+    "kernelcache.vllm",
 )
 # Above both: the lazy public table, ``python -m kernelcache``, the default Cache
 # the integrations share, install hints, and the contract suite for other tiers.

@@ -17,8 +17,6 @@ import pytest
 
 from kernelcache.cache import Cache
 from kernelcache.nvcc import flight
-from kernelcache.nvcc.args import parse
-from kernelcache.nvcc.job import Job
 from kernelcache.settings import Settings
 
 HOLDER = """
@@ -30,10 +28,6 @@ claim = cache.claim(sys.argv[2], timeout=0)
 print("held" if claim.leads and not claim.contended else "not held", flush=True)
 sys.stdin.read()
 """
-
-
-def job(direct: str) -> Job:
-    return Job("nvcc", parse(["-c", "k.cu"], environ={}), {}, "command", direct)
 
 
 @pytest.fixture
@@ -50,29 +44,29 @@ def dead_pid() -> int:
 
 def test_one_claim_per_command_until_its_client_stores(cache: Cache) -> None:
     flying = flight.Flying()
-    assert flying.take(cache, job("a" * 64), pid=1)  # pid 1 is alive
-    assert not flying.take(cache, job("a" * 64), pid=1)  # the same command: busy
-    assert flying.take(cache, job("b" * 64), pid=1)  # another command
+    assert flying.take(cache, "a" * 64, pid=1)  # pid 1 is alive
+    assert not flying.take(cache, "a" * 64, pid=1)  # the same command: busy
+    assert flying.take(cache, "b" * 64, pid=1)  # another command
     assert len(flying) == 2
-    flying.land(job("a" * 64), pid=2)  # another client's store does not end it
+    flying.land("a" * 64, pid=2)  # another client's store does not end it
     assert len(flying) == 2
-    flying.land(job("a" * 64), pid=1)
+    flying.land("a" * 64, pid=1)
     assert len(flying) == 1
-    assert flying.take(cache, job("a" * 64), pid=1)
+    assert flying.take(cache, "a" * 64, pid=1)
     flying.close()
     assert len(flying) == 0
 
 
 def test_a_dead_or_late_client_loses_its_claim(cache: Cache) -> None:
     flying = flight.Flying()
-    assert flying.take(cache, job("c" * 64), pid=dead_pid())
-    assert flying.take(cache, job("c" * 64), pid=1)  # the sweep gave the dead one's up
+    assert flying.take(cache, "c" * 64, pid=dead_pid())
+    assert flying.take(cache, "c" * 64, pid=1)  # the sweep gave the dead one's up
     flying.sweep(limit=-1.0)  # past the limit
     assert len(flying) == 0
 
 
 def test_a_command_another_process_compiles_is_not_claimed(tmp_path: Path, cache: Cache) -> None:
-    key = flight.flight_key(job("d" * 64))
+    key = flight.flight_key("d" * 64)
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path / "c"), key],
         stdin=subprocess.PIPE,
@@ -83,11 +77,11 @@ def test_a_command_another_process_compiles_is_not_claimed(tmp_path: Path, cache
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "held"
         flying = flight.Flying()
-        assert not flying.take(cache, job("d" * 64), pid=1)
+        assert not flying.take(cache, "d" * 64, pid=1)
         assert len(flying) == 0
     finally:
         holder.communicate("")
-    assert flying.take(cache, job("d" * 64), pid=1)  # its lock died with it
+    assert flying.take(cache, "d" * 64, pid=1)  # its lock died with it
     flying.close()
 
 

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from kernelcache.cache import Cache
-    from kernelcache.nvcc.job import Job
     from kernelcache.singleflight import Claim
 
 #: Seconds a caller waits for another's compile before it compiles itself
@@ -39,11 +38,11 @@ if TYPE_CHECKING:
 TIMEOUT = 600.0
 
 
-def flight_key(job: Job) -> str:
-    """The key a compile of ``job`` is claimed under (never stored)."""
+def flight_key(direct: str) -> str:
+    """The key a compile of the command of direct key ``direct`` is claimed under (never stored)."""
     from kernelcache.keys import KeyBuilder
 
-    return KeyBuilder("kernelcache.nvcc.flight").add("direct", job.direct).hexdigest()
+    return KeyBuilder("kernelcache.nvcc.flight").add("direct", direct).hexdigest()
 
 
 def timeout(env: Mapping[str, str]) -> float:
@@ -60,9 +59,10 @@ def timeout(env: Mapping[str, str]) -> float:
     return value
 
 
-def claim(cache: Cache, job: Job) -> Claim:
-    """Wait while another caller compiles ``job``, then take the claim (the caller looks again)."""
-    return cache.claim(flight_key(job), timeout=timeout(job.env))
+def claim(cache: Cache, direct: str, env: Mapping[str, str]) -> Claim:
+    """Wait while another caller compiles the command of direct key ``direct``, then take
+    the claim (the caller looks again)."""
+    return cache.claim(flight_key(direct), timeout=timeout(env))
 
 
 class Flying:
@@ -74,10 +74,11 @@ class Flying:
     def __len__(self) -> int:
         return len(self._held)
 
-    def take(self, cache: Cache, job: Job, pid: int) -> bool:
-        """Claim ``job`` for client ``pid`` without waiting; ``False``: someone compiles it now."""
+    def take(self, cache: Cache, direct: str, pid: int) -> bool:
+        """Claim the command of direct key ``direct`` for client ``pid`` without waiting;
+        ``False``: someone compiles it now."""
         self.sweep()
-        key = flight_key(job)
+        key = flight_key(direct)
         if key in self._held:
             return False  # another client of this server: the sweep found it alive
         held = cache.claim(key, timeout=0.0)
@@ -88,9 +89,9 @@ class Flying:
         self._held[key] = (held.hand_over(), pid, time.monotonic())
         return True
 
-    def land(self, job: Job, pid: int) -> None:
-        """The client ``pid`` stored (or failed) its compile of ``job``: its waiters go on."""
-        key = flight_key(job)
+    def land(self, direct: str, pid: int) -> None:
+        """The client ``pid`` stored (or failed) its compile of ``direct``: its waiters go on."""
+        key = flight_key(direct)
         found = self._held.get(key)
         if found is not None and found[1] == pid:
             del self._held[key]

@@ -52,7 +52,7 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     """
     from kernelcache.nvcc import flight
 
-    with flight.claim(cache, job):
+    with flight.claim(cache, job.direct, job.env):
         hit = lookup(cache.get, job)
         if hit is not None and write_outputs(job.inv, hit[1], job.basedir):
             replay(hit[1]["stdout"], hit[1]["stderr"])

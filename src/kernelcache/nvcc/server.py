@@ -248,10 +248,10 @@ class Server:
                 try:
                     return compiling.store(settings, cache, job, request[1 : 1 + fields])
                 finally:
-                    self.flying.land(job, pid)
+                    self.flying.land(job.direct, pid)
         except (OSError, ValueError, KernelCacheError):
             return [b"fallback", b"lookup"]
-        if reply[0] == b"compile" and not self.flying.take(cache, job, pid):
+        if reply[0] == b"compile" and not self.flying.take(cache, job.direct, pid):
             return [b"fallback", b"flight"]
         return reply
 
