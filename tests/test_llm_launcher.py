@@ -270,3 +270,23 @@ def test_flashinfer_ninja_build_on_a_second_machine_runs_no_nvcc(
     finally:
         a.close()
         b.close()
+
+
+WARNING_KERNEL = "__global__ void noisy(int* out) { int unused; unused = 1; *out = 2; }\n"
+
+
+def test_a_hit_in_another_folder_replays_warnings_naming_its_own_folder(
+    tmp_path: Path, front: Path, toolkit: Toolkit, machine: Machine
+) -> None:
+    tmp = tmp_path / "dg-cache" / "tmp"
+    first, second = (new_folder(tmp, WARNING_KERNEL) for _ in range(2))
+    toolkit.reset()
+    miss = deepgemm(front, toolkit, machine, first)
+    _, said = miss.communicate(timeout=600)
+    assert b"warning" in said, said
+    assert os.fsencode(str(first)) in said, said
+    hit = deepgemm(front, toolkit, machine, second)
+    _, replayed = hit.communicate(timeout=600)
+    assert hit.returncode == 0
+    assert len(toolkit.compiles()) == 1
+    assert replayed == said.replace(os.fsencode(str(first)), os.fsencode(str(second)))

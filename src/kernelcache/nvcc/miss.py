@@ -31,7 +31,14 @@ from kernelcache.nvcc import deps as nvcc_deps
 from kernelcache.nvcc import includes
 from kernelcache.nvcc import key as nvcc_key
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
-from kernelcache.nvcc.outputs import pack_output, replay, write_outputs
+from kernelcache.nvcc.outputs import (
+    MESSAGES_META,
+    messages,
+    pack_output,
+    replay,
+    stored_messages,
+    write_outputs,
+)
 
 if TYPE_CHECKING:
     from typing import Any
@@ -55,7 +62,7 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     with flight.claim(cache, job.direct, job.env):
         hit = lookup(cache.get, job)
         if hit is not None and write_outputs(job.inv, hit[1], job.basedir):
-            replay(hit[1]["stdout"], hit[1]["stderr"])
+            replay(*messages(hit[1], job.basedir))
             return 0, Outcome("hits", saved=saved_seconds(hit[1]), detail="flight_hits")
         return _handle(cache, job)
 
@@ -78,7 +85,7 @@ def _handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
         restored = preprocessed_lookup(cache, job, pre, started)
         if restored is not None:
             result, outcome = restored
-            replay(result["stdout"], result["stderr"])
+            replay(*messages(result, job.basedir))
             return 0, outcome
     return _compile(cache, job, pre, started)
 
@@ -261,6 +268,9 @@ def _store(
         return "include directives the scanner cannot follow, and no preprocessed key"
     stored, encoding = pack_output(output)
     stdout, stderr, elapsed = run
+    folder = job.folder if job.folder and nvcc_key.names_folder(output, job.folder) else None
+    shared = job.folder is not None and folder is None  # served in other folders too
+    stdout, stderr = stored_messages(stdout, stderr, job.folder if shared else None)
     artifacts = {"output": stored, "stdout": stdout, "stderr": stderr}
     if user_dep is not None:
         body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
@@ -273,8 +283,9 @@ def _store(
         DEPS_META: [row[0] for row in recorded[0]],
         **encoding,
     }
+    if shared:
+        meta[MESSAGES_META] = True
     result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
-    folder = job.folder if job.folder and nvcc_key.names_folder(output, job.folder) else None
     if folder is not None:  # served in this folder only, never under the shared keys
         result, meta["folder"] = nvcc_key.pinned_key(result, folder), folder
     cache.put(result, Entry(artifacts, meta))

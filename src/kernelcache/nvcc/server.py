@@ -56,7 +56,7 @@ from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
 from kernelcache.nvcc.native import start as start_build
-from kernelcache.nvcc.outputs import write_outputs
+from kernelcache.nvcc.outputs import messages, write_outputs
 from kernelcache.nvcc.spawn import STARTING
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
@@ -221,7 +221,7 @@ class Server:
             return None
         result = hit[1]
         Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
-        return [b"hit", b"0", result["stdout"], result["stderr"]]
+        return [b"hit", b"0", *messages(result, job.basedir)]
 
     def compile_step(self, request: list[bytes], pid: int = 0) -> list[bytes]:
         """A miss the client ``pid`` compiles itself (:mod:`kernelcache.nvcc.compiling`): plan,
