@@ -113,6 +113,10 @@ MEANINGS: dict[str, str] = {
     "KERNELCACHE_SERVER_TIMEOUT": "launcher: seconds a client waits for the server's answer",
     "KERNELCACHE_COMPILED_CLIENT": "launcher: the server builds the compiled client "
     "(with cc or gcc)",
+    "KERNELCACHE_NVCC_FLIGHT_TIMEOUT": "launcher: seconds a call waits for another's compile "
+    "of the same command before it compiles itself",
+    "KERNELCACHE_VLLM": "vLLM's plugin sets FlashInfer's, DeepGEMM's, torch's and Triton's "
+    "launchers in every vLLM process",
 }
 
 
