@@ -84,6 +84,9 @@ INTEGRATIONS = (
     "kernelcache.patching",
     "kernelcache.demo",
     "kernelcache.doctor",
+    "kernelcache.servers",
+    "kernelcache.servers.*",
+    "kernelcache.vllm",
 )
 # Above both: the lazy public table, ``python -m kernelcache``, the default Cache
 # the integrations share, install hints, and the contract suite for other tiers.

@@ -71,6 +71,12 @@ def _compiled_client(env: Mapping[str, str], var: str) -> Any:
     return wanted(env)
 
 
+def _flight_timeout(env: Mapping[str, str], var: str) -> Any:
+    from kernelcache.nvcc.flight import timeout
+
+    return timeout(env)
+
+
 #: name, variable, reader(env, variable), what the default is when unset.
 INTEGRATION_VARIABLES: tuple[tuple[str, str, Callable[[Mapping[str, str], str], Any], str], ...] = (
     ("triton_dir", "KERNELCACHE_TRITON_DIR", _text, "TRITON_CACHE_DIR if set, else dir"),
@@ -85,6 +91,8 @@ INTEGRATION_VARIABLES: tuple[tuple[str, str, Callable[[Mapping[str, str], str], 
     ("server_idle", "KERNELCACHE_SERVER_IDLE", _seconds(600.0), "600 s"),
     ("server_timeout", "KERNELCACHE_SERVER_TIMEOUT", _seconds(120.0), "120 s"),
     ("compiled_client", "KERNELCACHE_COMPILED_CLIENT", _compiled_client, "on"),
+    ("nvcc_flight_timeout", "KERNELCACHE_NVCC_FLIGHT_TIMEOUT", _flight_timeout, "600 s"),
+    ("vllm", "KERNELCACHE_VLLM", _flag(False), "off"),
 )
 
 #: What each integration variable means, for the documentation's settings page
@@ -105,6 +113,10 @@ MEANINGS: dict[str, str] = {
     "KERNELCACHE_SERVER_TIMEOUT": "launcher: seconds a client waits for the server's answer",
     "KERNELCACHE_COMPILED_CLIENT": "launcher: the server builds the compiled client "
     "(with cc or gcc)",
+    "KERNELCACHE_NVCC_FLIGHT_TIMEOUT": "launcher: seconds a call waits for another's compile "
+    "of the same command before it compiles itself",
+    "KERNELCACHE_VLLM": "vLLM's plugin sets FlashInfer's, DeepGEMM's, torch's and Triton's "
+    "launchers in every vLLM process",
 }
 
 

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("server", "the nvcc launcher's server of this cache directory")
     p.add_argument("action", choices=("status", "stop"), help="show it, or stop it")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("setup", "make what a tool needs to compile through the cache")
+    p.add_argument("tool", choices=("deepgemm",), help="deepgemm: DG_JIT_NVCC_COMPILER's shim")
+    p.add_argument("--nvcc", help="the nvcc behind it (default: $CUDA_HOME/bin/nvcc, PATH)")
     sub.add_parser("demo", help="run the demonstration (arguments are passed on)")
     sub.add_parser("nvcc", help="compile through the cache: kernelcache nvcc ARGS...")
     return parser
@@ -245,4 +248,5 @@ COMMANDS = {
     "import": _lazy("cli.maint", "cmd_import"),
     "server": _lazy("cli.server", "cmd_server"),
     "explain": _lazy("cli.explain", "cmd_explain"),
+    "setup": _lazy("cli.setup", "cmd_setup"),
 }

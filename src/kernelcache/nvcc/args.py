@@ -16,7 +16,9 @@ the working directory already, so a copy of a project gives the same key).
 Absolute paths are kept as written by default, because nvcc puts them into
 outputs (``__FILE__``, debug info); with ``KERNELCACHE_BASEDIR=<dir>``
 absolute paths under that directory are keyed relative to it (see docs/nvcc.md
-for exactly when two checkouts then share entries).
+for exactly when two checkouts then share entries). Without it, a ``-cubin`` or
+``-ptx`` compile is keyed relative to its source's folder where that folder
+cannot change the output (:func:`kernelcache.nvcc.key.portable_folder`).
 """
 
 from __future__ import annotations
@@ -192,6 +194,8 @@ def _apply(
         inv.forward = inv.forward or role == "forward"
         if name == "--compiler-options":
             _host_options(inv, (value or "").split(","), 0)
+    elif role == "neutral":
+        return  # nvcc's own check still runs: a bad value fails the compile, uncached
     elif role.startswith("uncacheable:"):
         inv.refuse(role.split(":", 1)[1])
     elif role.startswith("mode:"):
