@@ -204,7 +204,11 @@ def render(
             f"| {KINDS[r['cache']]} | {r['attr_ms']} ms | {r['hit_round_trips']} | {r['hit_ms']} ms | "
             f"{r['put_round_trips']}, {r['put_round_trips_max']} | {ops} |"
         )
-    lines += ["", "Requests per put (a miss: lookup, compile, store; eviction included), by kind:", ""]
+    lines += [
+        "",
+        "Requests per put (a miss: lookup, compile, store; eviction included), by kind:",
+        "",
+    ]
     for r in cost:
         ops = ", ".join(f"{op} {n:g}" for op, n in r["put_ops"].items())
         lines.append(f"- {KINDS[r['cache']]}, {r['attr_ms']} ms: {ops}")
