@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Sibling modules: the script is run by path, not as a package.
 import captable
 import contenders as ct
+import distinct
 import scaling
 from kernelcache.settings import default_dir
 from timing import Budget, Row, measure, timer_overhead
@@ -340,6 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--smoke", action="store_true", help="a few calls each (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument(
+        "--distinct-only",
+        action="store_true",
+        help="only the distinct-key 4 KB gets (1,500 keys read once each, 3 passes)",
+    )
+    parser.add_argument(
         "--dir",
         help="where to create the benchmark's directory (default: the user cache directory, "
         "where kernelcache's own cache lives; removed afterwards)",
@@ -351,6 +357,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(parent, exist_ok=True)
     root = tempfile.mkdtemp(prefix="kernelcache-bench-", dir=parent)
     started = time.perf_counter()
+    if args.distinct_only:
+        try:
+            found = distinct.run(root, 1500, 4 * KB, 3)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(distinct.table(found, 1500, 4 * KB, 3))
+        return 0
     try:
         info = machine(root)
         overhead = timer_overhead()
@@ -360,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory = bench_memory_hit(mode, overhead)
         scale = scaling.run(root, mode.scale_entries, mode.scale_seconds, mode.rounds, overhead)
         caps = captable.run(root, mode.cap)
+        keys = {"full": 1500, "quick": 500, "smoke": 20}[mode_name]
+        spread = distinct.run(root, keys, 4 * KB, 1 if args.smoke else 3)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     verdicts = targets(rows, memory, scale)
@@ -373,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + memory_table(memory) + "\n")
     print(scaling.table(scale) + "\n")
     print(captable.table(caps, mode.cap) + "\n")
+    print(distinct.table(spread, keys, 4 * KB, 1 if args.smoke else 3) + "\n")
     print("| target (shared/DESIGN.md) | measured | verdict |\n|---|---|---|")
     print("\n".join(f"| {t['target']} | {t['measured']} | {t['verdict']} |" for t in verdicts))
     if args.json:
@@ -384,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "memory": [r.as_json() for r in memory],
                     "scaling": [r.as_json() for r in scale],
                     "caps": {"cap": mode.cap, "rows": caps},
+                    "distinct": spread,
                     "targets": verdicts,
                     "missing": missing,
                 },
