@@ -475,7 +475,8 @@ def test_a_header_created_earlier_along_any_lookup(
             ["-Xcompiler", "-isystem", "-Xcompiler", "s"], {}, id="value-in-next-Xcompiler"
         ),
         pytest.param(["-Xcompiler", "-I=/usr/include"], {}, id="sysroot-relative"),
-        pytest.param([], {"INCLUDES": "-Ienvinc"}, id="profile-INCLUDES"),
+        pytest.param([], {"INCLUDES": "-DX=1 -Ienvinc"}, id="profile-INCLUDES"),
+        pytest.param([], {"SYSTEM_INCLUDES": "'-isystem"}, id="profile-unreadable"),
     ],
 )
 def test_a_search_the_scanner_does_not_model_gets_no_direct_mode(
@@ -489,3 +490,5 @@ def test_a_search_the_scanner_does_not_model_gets_no_direct_mode(
     assert inv.reason is None
     with pytest.raises(includes.Unsure):
         includes.absent({}, includes.search_path(inv, env), 0)
+    defines = {"INCLUDES": "-DEXTRA=1", "SYSTEM_INCLUDES": "-UFOO"}
+    assert includes.search_path(parse(["-c", "k.cu"]), defines).unsure is None

@@ -125,9 +125,21 @@ def search_path(inv: Invocation, env: Mapping[str, str]) -> SearchPath:
         if env.get(name):
             both += [d or "." for d in env[name].split(os.pathsep)]
     for name in _PROFILE_SEARCH:
-        if env.get(name, "").strip():
-            unsure = unsure or f"{name} is set (nvcc.profile adds its folders)"
+        if _names_folders(env.get(name, "")):
+            unsure = unsure or f"{name} names search folders or headers (nvcc.profile adds them)"
     return SearchPath(quote, both, pre, unsure)
+
+
+def _names_folders(value: str) -> bool:
+    """Whether a profile variable's value may add search folders or pre-includes: any
+    option but a ``-D``/``-U`` (``-DEXTRA=1`` changes no lookup). Unreadable: it may."""
+    import shlex
+
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return True
+    return any(not word.startswith(("-D", "-U")) for word in words)
 
 
 def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
