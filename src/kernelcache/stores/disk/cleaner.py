@@ -84,6 +84,8 @@ class Space(Protocol):
 
 #: Seconds of batches a cleaner runs before it hands over (see the module docstring).
 CLEAN_BUDGET = 1.0
+#: Victims removed per hold of the space lock: short holds, whatever the excess.
+BATCH_MAX = 6
 #: How long a process at exit waits for its running cleaners.
 EXIT_WAIT = 10.0
 #: Cleaner threads running now, joined at exit.
@@ -205,8 +207,10 @@ class Cleaner:
     def _batch(
         self, candidates: Iterator[Candidate], excess: tuple[int, int]
     ) -> Iterator[tuple[Candidate, int]]:
-        """Valid candidates (still the file the queue saw) until their sizes cover ``excess``."""
+        """Valid candidates (still the file the queue saw) until their sizes cover ``excess``,
+        at most :data:`BATCH_MAX` of them."""
         need_bytes, need_entries = excess
+        taken = 0
         for candidate in candidates:
             if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
                 continue  # a damaged queue record: it must never name a path outside the shard
@@ -220,7 +224,8 @@ class Cleaner:
             yield candidate, st.st_size
             need_bytes -= st.st_size
             need_entries -= 1
-            if need_bytes <= 0 and need_entries <= 0:
+            taken += 1
+            if (need_bytes <= 0 and need_entries <= 0) or taken >= BATCH_MAX:
                 return
 
     def _remove(self, tally: Tally, batch: list[tuple[Candidate, int]]) -> None:
