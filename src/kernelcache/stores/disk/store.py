@@ -83,8 +83,11 @@ class DiskStore(Store):
     hold for the whole tier: a change that goes over one evicts the least
     recently used entries of the tier down to ``LOW_WATER`` of it before it
     returns, so the tier exceeds a cap only by what is being written at that
-    moment (one entry per writing thread). An entry larger than
-    ``LOW_WATER * max_bytes`` is not stored (counted as an eviction).
+    moment (one entry per writing thread). On a network filesystem the
+    eviction runs in a thread of its own, down to ``NETWORK_LOW_WATER``, and
+    the tier may stay over a cap until the next change (:mod:`.cleaner`).
+    An entry larger than ``LOW_WATER * max_bytes`` is not stored (counted as
+    an eviction).
 
     A directory that is not the user's, or is writable by others, is
     refused: the store then raises :class:`StoreError` on every use (a
