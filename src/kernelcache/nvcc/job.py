@@ -98,9 +98,8 @@ class Job:
         command = nvcc_key.command_key(nvcc, inv, env, known)
         return cls(nvcc, inv, env, command, nvcc_key.direct_key(command, source), folder)
 
-    def user_dirs(self) -> list[str]:
-        include, system = includes.search_path(self.inv, self.env)
-        return include + system
+    def search_path(self) -> includes.SearchPath:
+        return includes.search_path(self.inv, self.env)
 
 
 def lookup(get: Callable[[str], Entry | None], job: Job) -> tuple[Entry, Entry] | None:

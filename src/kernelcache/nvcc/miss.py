@@ -225,7 +225,7 @@ def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
         if why is not None:
             return f"uses {why.split(' in ', 1)[0]}"
     try:
-        absent = includes.absent(contents, job.user_dirs(), started)
+        absent = includes.absent(contents, job.search_path(), started)
     except includes.Unsure:
         return rows, None  # only the preprocessed key can find this result
     if absent is None:

@@ -255,7 +255,7 @@ class Recorder:
                 if any(delta.values()):
                     tiers[self.names[index]] = delta
             compile_counts = {k: v for k, v in self._compile.items() if v}
-            keys = {k: (round(v[0]), v[1]) for k, v in self._keys.items()}
+            held_keys, keys = self._keys, {k: (round(v[0]), v[1]) for k, v in self._keys.items()}
             families = self._families
             self._compile = dict.fromkeys(COMPILE_FIELDS, 0)
             self._keys = {}
@@ -265,10 +265,40 @@ class Recorder:
             return
         try:
             merge(self.directory, tiers, compile_counts, keys, families)
+        except TimeoutError:
+            self._put_back(tiers, compile_counts, held_keys, families)  # another merge was slow
         except OSError:
             # Statistics never fail the user's work: a read-only or removed
             # directory loses this batch, and the loss is counted.
             self.flush_errors += 1
+
+    def _put_back(
+        self,
+        tiers: dict[str, dict[str, float]],
+        compile_counts: dict[str, float],
+        keys: dict[str, list[float]],
+        families: dict[str, dict[str, float]],
+    ) -> None:
+        """Count a batch that could not be merged in the next flush instead (issue 40)."""
+        with self._lock:
+            for index, name in enumerate(self.names):
+                delta = tiers.get(name)
+                if delta is None:
+                    continue
+                self._saved[index] += delta.pop("seconds_saved", 0.0)
+                flushed = self._flushed[index]
+                for k, v in delta.items():
+                    flushed[k] = flushed.get(k, 0) - int(v)
+            for k, v in compile_counts.items():
+                self._compile[k] += v
+            for k, (hits, seconds) in keys.items():
+                slot = self._keys.setdefault(k, [0, 0.0])
+                slot[0] += hits
+                slot[1] += seconds
+            for family, counts in families.items():
+                mine = self._families.setdefault(family, {})
+                for name, amount in counts.items():
+                    mine[name] = mine.get(name, 0) + amount
 
 
 _recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()
