@@ -27,7 +27,7 @@ import ninetoothed_kernels as nk  # noqa: E402  (activates the stand-in driver)
 import triton_standin  # noqa: E402
 from cuda_standin import Toolkit, make_toolkit  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
-from kernelcache.ninetoothed import outputs  # noqa: E402
+from kernelcache.ninetoothed import outputs, shapes  # noqa: E402
 from kernelcache.ninetoothed.handles import TensorsKey  # noqa: E402
 from kernelcache.nvcc.key import ENV_VARS  # noqa: E402
 from kernelcache.stores.memory import MemoryStore  # noqa: E402
@@ -291,4 +291,5 @@ def test_build_outputs_are_reused_by_a_second_process(
     assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.compiles()) == compiles
     assert (out / "add.so").is_file()
-    assert (out / "add.fingerprint").is_file()
+    if shapes.build_reloads():  # ninetoothed 0.25+ reuses a folder by its fingerprint file
+        assert (out / "add.fingerprint").is_file()

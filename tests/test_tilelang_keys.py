@@ -82,9 +82,18 @@ def test_real_probes_name_nvrtc_only_for_the_nvrtc_backend() -> None:
         assert value is None or "/" not in str(value).split("\n")[0], "no paths in key fields"
 
 
-def test_unsupported_version_keeps_tilelangs_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tilelang, "__version__", "0.1.14")
-    with pytest.warns(RuntimeWarning, match="keeps its own cache"):
+def test_a_release_without_a_seam_keeps_tilelangs_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tilelang, "__version__", "0.1.16")
+    monkeypatch.setattr(kct._state, "seams", (*kct.SEAMS, "tilelang.cache:gone"))  # noqa: SLF001
+    with pytest.warns(RuntimeWarning, match="lacks tilelang.cache:gone .*keeps its own cache"):
+        assert kct.install() is False
+    assert not kct.installed()
+
+
+def test_strict_versions_refuse_an_untested_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tilelang, "__version__", "0.1.12")
+    monkeypatch.setenv("KERNELCACHE_STRICT_VERSIONS", "1")
+    with pytest.warns(RuntimeWarning, match="outside the tested 0.1.13 to 0.1.15"):
         assert kct.install() is False
     assert not kct.installed()
 
