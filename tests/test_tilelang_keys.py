@@ -233,3 +233,35 @@ def test_a_separate_target_reads_as_a_context() -> None:
     assert shapes.context_kwargs(context) == {}
     real = object()
     assert shapes.context_kwargs(real) == {"backend_context": real}
+
+
+def test_the_separate_loader_gives_other_targets_to_tilelang_unchanged() -> None:
+    """0.1.13's loader shape: a target kernelcache does not handle (LLVM) reaches
+    TileLang's own loader with exactly the arguments TileLang passed."""
+    from tilelang import tvm
+
+    from kernelcache.integration import Counters
+    from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
+
+    seen: list[tuple[Any, ...]] = []
+
+    def original_load(*args: Any) -> str:
+        seen.append(args)
+        return "TileLang's own"
+
+    counters = Counters(COUNTERS)
+    hooks = BackendHooks(None, original_load, original_load, Cache, counters)
+    args: tuple[Any, ...] = (
+        "key",
+        tvm.target.Target("llvm"),
+        None,
+        [2],
+        "cython",
+        {},
+        None,
+        "func",
+        False,
+    )
+    assert hooks.load_separate(*args) == "TileLang's own"
+    assert seen == [args]
+    assert counters.snapshot()["passed_through"] == 1
