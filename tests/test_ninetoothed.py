@@ -336,5 +336,5 @@ def test_build_outputs_are_reused_by_a_second_process(
     assert second["stats"]["output_compiles"] == 0
     assert len(toolkit.compiles()) == compiles
     assert (out / "add.so").is_file()
-    if shapes.build_reloads():  # ninetoothed 0.25+ reuses a folder by its fingerprint file
-        assert (out / "add.fingerprint").is_file()
+    if hasattr(importlib.import_module("ninetoothed.build"), "_fingerprint_path"):  # 0.26+
+        assert (out / "add.fingerprint").is_file()  # restored whole, as upstream wrote it
