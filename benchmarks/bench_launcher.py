@@ -44,7 +44,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results
+
 ROOT = Path(__file__).resolve().parents[1]
+#: Every target checked in this run, for ``--json``.
+TARGETS: list[dict[str, str]] = []
 BIN = Path(sys.executable).parent
 NVCC = shutil.which("nvcc") or "nvcc"
 PY_CLIENT = "kernelcache (Python client)"
@@ -259,6 +264,14 @@ def bench_hits(launchers: Launchers, tmp: Path, repeat: int, headers: int) -> No
         if ref:
             med = statistics.median(samples["kernelcache"])
             verdict = "met" if med <= ref else "MISSED"
+            TARGETS.append(
+                results.target(
+                    f"`kernelcache nvcc` hit, {label} ({count} dependencies), ≤ ccache's",
+                    f"{med * 1e3:.1f} / {ref * 1e3:.1f} ms",
+                    med <= ref,
+                    ratio=f"{med / ref:.2f}×",
+                )
+            )
             print(
                 f"verdict, {label}: kernelcache {med * 1e3:.1f} ms vs ccache {ref * 1e3:.1f} ms "
                 f"({med / ref:.2f}x); target <= ccache: {verdict}"
@@ -401,6 +414,15 @@ def bench_cmake(launchers: Launchers, tmp: Path, files: int) -> None:
             line += f", {ours / cold['ccache']:.2f}x ccache (target <= 1.00x)"
             verdict = verdict and ours <= cold["ccache"]
         print(f"verdict, {line}: {'met' if verdict else 'MISSED'}")
+        TARGETS.append(
+            results.target(
+                f"CMake, {files} objects, cold, ≤ {COLD_TARGET}× no launcher and ≤ ccache",
+                f"{ours:.2f} s; none {cold['none']:.2f} s"
+                + (f", ccache {cold['ccache']:.2f} s" if "ccache" in cold else ""),
+                verdict,
+                ratio=f"{ours / cold['none']:.2f}× none",
+            )
+        )
 
 
 def bench_edit(launchers: Launchers, tmp: Path, repeat: int) -> None:
@@ -447,6 +469,14 @@ def bench_edit(launchers: Launchers, tmp: Path, repeat: int) -> None:
             f"kernelcache: {ours / walls['none']:.2f}x none, {ours / walls['ccache']:.2f}x ccache"
             " (issue 23's rule: no slower than ccache)"
         )
+        TARGETS.append(
+            results.target(
+                "an edited `.cu` file's rebuild, ≤ ccache's",
+                f"{ours:.2f} / {walls['ccache']:.2f} s; none {walls['none']:.2f} s",
+                ours <= walls["ccache"],
+                ratio=f"{ours / walls['ccache']:.2f}×",
+            )
+        )
 
 
 def main() -> int:
@@ -459,7 +489,9 @@ def main() -> int:
         choices=["hits", "cmake", "edit"],
         help="run one part: the hit latencies, the build, or an edited file's rebuild",
     )
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    started = results.machine()
     versions = {
         name: subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split(
             "\n"
@@ -482,6 +514,11 @@ def main() -> int:
         finally:
             launchers.close()
     print(f"\nload at the end {os.getloadavg()[0]:.1f} (figures under contention are indicative)")
+    contenders = ["kernelcache nvcc", "kernelcache nvcc (Python client)", "nvcc", *versions]
+    results.write(
+        args.json,
+        results.document("bench_launcher", contenders=contenders, targets=TARGETS, started=started),
+    )
     return 0
 
 

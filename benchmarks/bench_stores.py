@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import platform
 import random
@@ -41,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Sibling modules: the script is run by path, not as a package.
 import captable
 import contenders as ct
+import results
 import scaling
 from kernelcache.settings import default_dir
 from timing import Budget, Row, measure, timer_overhead
@@ -298,7 +298,7 @@ def targets(rows: list[Row], memory: list[Row], scale: list[Row]) -> list[dict[s
 def machine(root: str) -> dict[str, Any]:
     """What the figures were taken on: CPU, cores, Python, kernel, the file system under test."""
     return {
-        "cpu": cpu_model(),
+        "cpu": results.cpu_model(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -306,17 +306,6 @@ def machine(root: str) -> dict[str, Any]:
         "loadavg": tuple(round(x, 2) for x in os.getloadavg()),
         "dir": root,
     }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def file_system(path: str) -> str:
@@ -351,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(parent, exist_ok=True)
     root = tempfile.mkdtemp(prefix="kernelcache-bench-", dir=parent)
     started = time.perf_counter()
+    started_on = results.machine()
     try:
         info = machine(root)
         overhead = timer_overhead()
@@ -375,21 +365,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(captable.table(caps, mode.cap) + "\n")
     print("| target (shared/DESIGN.md) | measured | verdict |\n|---|---|---|")
     print("\n".join(f"| {t['target']} | {t['measured']} | {t['verdict']} |" for t in verdicts))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": info,
-                    "rows": [r.as_json() for r in rows],
-                    "memory": [r.as_json() for r in memory],
-                    "scaling": [r.as_json() for r in scale],
-                    "caps": {"cap": mode.cap, "rows": caps},
-                    "targets": verdicts,
-                    "missing": missing,
-                },
-                f,
-                indent=1,
-            )
+    results.write(
+        args.json,
+        results.document(
+            "bench_stores",
+            contenders=[r.name for r in rows],
+            targets=verdicts,
+            argv=argv if argv is None else [sys.argv[0], *argv],
+            started=started_on,
+            details={
+                "machine": info,
+                "rows": [r.as_json() for r in rows],
+                "memory": [r.as_json() for r in memory],
+                "scaling": [r.as_json() for r in scale],
+                "caps": {"cap": mode.cap, "rows": caps},
+                "missing": missing,
+            },
+        ),
+    )
     return 0
 
 

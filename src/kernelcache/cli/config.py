@@ -87,6 +87,26 @@ INTEGRATION_VARIABLES: tuple[tuple[str, str, Callable[[Mapping[str, str], str], 
     ("compiled_client", "KERNELCACHE_COMPILED_CLIENT", _compiled_client, "on"),
 )
 
+#: What each integration variable means, for the documentation's settings page
+#: (scripts/docs_gen.py, Markdown; a test fails for a variable without one).
+MEANINGS: dict[str, str] = {
+    "KERNELCACHE_TRITON_DIR": "Triton's cache directory, whatever TRITON_CACHE_DIR says",
+    "KERNELCACHE_TRITON_MAX_SIZE": "the cap of Triton's cache directory",
+    "KERNELCACHE_TRITON_TIMEOUT": "seconds a Triton compile holds its claim and others wait "
+    "for it (inf: no limit)",
+    "KERNELCACHE_TRITON_NAMESPACE": "mixed into Triton keys: setups sharing a directory kept apart",
+    "KERNELCACHE_BASEDIR": "launcher: absolute paths under it are keyed relative to it",
+    "KERNELCACHE_HASH_DIR": "launcher: key the working directory of debug compiles",
+    "KERNELCACHE_SLOPPINESS": "`time_macros` caches sources that use `__TIME__` and co. "
+    "(launcher, NVRTC, `header_digest`)",
+    "KERNELCACHE_NVCC_PREPROCESSED": "launcher: try the preprocessed key after a direct miss",
+    "KERNELCACHE_SERVER": "launcher: ask the warm per-user server for hits",
+    "KERNELCACHE_SERVER_IDLE": "launcher: seconds without a call before the server exits",
+    "KERNELCACHE_SERVER_TIMEOUT": "launcher: seconds a client waits for the server's answer",
+    "KERNELCACHE_COMPILED_CLIENT": "launcher: the server builds the compiled client "
+    "(with cc or gcc)",
+}
+
 
 def rows(settings: Settings, env: Mapping[str, str]) -> list[dict[str, Any]]:
     """One row per setting: name, variable, value (bytes for sizes), source."""

@@ -15,7 +15,7 @@ Path normalisation: relative paths are kept as written (they are relative to
 the working directory already, so a copy of a project gives the same key).
 Absolute paths are kept as written by default, because nvcc puts them into
 outputs (``__FILE__``, debug info); with ``KERNELCACHE_BASEDIR=<dir>``
-absolute paths under that directory are keyed relative to it (see the README
+absolute paths under that directory are keyed relative to it (see docs/nvcc.md
 for exactly when two checkouts then share entries).
 """
 

@@ -27,6 +27,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from kernelcache.explain import note_inputs
 from kernelcache.nvcc import deps as nvcc_deps
 from kernelcache.nvcc import includes
 from kernelcache.nvcc import key as nvcc_key
@@ -259,6 +260,7 @@ def _store(
         **encoding,
     }
     result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
+    note_inputs(result, {row[0]: row[1] for row in recorded[0]}, covers=("preprocessed", "deps"))
     cache.put(result, Entry(artifacts, meta))
     if recorded[1] is not None:
         _add_variant(cache, job, recorded, result)
