@@ -19,6 +19,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__i
     # The DSL extras (tilelang, ninetoothed) depend on torch. The CPU build
     # (a wheel this machine keeps locally) goes in FIRST: left to their
     # requirements, pip would pull the CUDA build and several GB of nvidia-* wheels.
+    # A torch already in .venv stays as it is (the inductor extra asks torch>=2.10).
     if missing torch; then
         .venv/bin/python -m pip install -q "torch==2.13.0"
     fi

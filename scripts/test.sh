@@ -41,3 +41,10 @@ unset PYTHONDONTWRITEBYTECODE
 .venv/bin/python -m coverage run -m pytest -n "${KERNELCACHE_TEST_WORKERS:-2}" --durations=25 "$@"
 .venv/bin/python -m coverage combine -q
 .venv/bin/python -m coverage report
+# The version matrix's CI cells (scripts/matrix.cells, "ci"): the oldest and newest tested
+# release of each tool, each in its own venv under ~/.cache/kernelcache-matrix (built on
+# first use, ~5 GB and a few minutes per torch release; then reused). A failing cell fails here.
+# KERNELCACHE_MATRIX=0 skips them (a run of a few test files, say).
+if [ "${KERNELCACHE_MATRIX:-1}" != 0 ]; then
+    bash scripts/matrix.sh --ci
+fi

@@ -18,6 +18,11 @@ host:
 - ``inductor``: ``torch.compile`` on the GPU with that manager; the fresh process
   has empty Inductor and Triton caches of its own, so Inductor writes its Triton
   kernels again, and kernelcache serves every one of them.
+- ``inductor-cache``: :func:`kernelcache.inductor.install` (torch.compile's FX
+  graph and AOTAutograd caches) with that manager, on whatever torch is installed
+  (an untested release installs with a warning when its seams are there): the
+  fresh process, with empty Inductor and Triton caches of its own, hits the graph
+  in kernelcache and compiles no Triton kernel.
 
 It prints one line per check and exits 1 if any failed. The cubins it loads
 were compiled by the device's own toolchain, as a user's would be.
@@ -116,6 +121,29 @@ out = torch.compile(f)(x, y)
 torch.cuda.synchronize()
 ok = torch.allclose(out, f(x, y), atol=1e-4, rtol=1e-4)
 print(json.dumps({"ok": ok, "stats": kt.stats()}))
+"""
+
+
+# The same function through kernelcache.inductor: torch's graph caches in kernelcache too.
+INDUCTOR_CACHE_PROGRAM = r"""
+import json
+import torch
+from torch._dynamo.utils import counters
+import kernelcache.inductor as kci
+import kernelcache.triton as kt
+
+installed = kci.install()
+
+def f(x, y):
+    return torch.nn.functional.gelu(x @ y) * torch.sin(x) + y.softmax(dim=-1)
+
+torch.manual_seed(0)
+x, y = torch.randn(512, 512, device="cuda"), torch.randn(512, 512, device="cuda")
+out = torch.compile(f)(x, y)
+torch.cuda.synchronize()
+ok = installed and torch.allclose(out, f(x, y), atol=1e-4, rtol=1e-4)
+print(json.dumps({"ok": ok, "torch": torch.__version__, "installed": installed,
+                  "graphs": dict(counters["inductor"]), "inductor": kci.stats(), "stats": kt.stats()}))
 """
 
 
@@ -313,11 +341,8 @@ def _served(cold: dict[str, Any], warm: dict[str, Any], groups: int) -> bool:
 
 
 def _triton_env(work: Path, **extra: str) -> dict[str, str]:
-    return _env(
-        TRITON_CACHE_MANAGER="kernelcache.triton:CacheManager",
-        KERNELCACHE_DIR=str(work / "kc"),
-        **extra,
-    )
+    extra.setdefault("KERNELCACHE_DIR", str(work / "kc"))
+    return _env(TRITON_CACHE_MANAGER="kernelcache.triton:CacheManager", **extra)
 
 
 def check_triton(work: Path) -> tuple[bool, str]:
@@ -350,12 +375,44 @@ def check_inductor(work: Path) -> tuple[bool, str]:
     return _served(cold, warm, groups=1), json.dumps({"first": cold, "fresh process": warm})
 
 
+def check_inductor_cache(work: Path) -> tuple[bool, str]:
+    # Two machines: a kernelcache directory in common, nothing else (Inductor's and Triton's
+    # own caches empty in each).
+    envs = [
+        _triton_env(
+            work,
+            KERNELCACHE_DIR=str(work / "graphs-kc"),
+            KERNELCACHE_TRITON_DIR=str(work / "graphs-triton-kc"),
+            TRITON_CACHE_DIR=str(work / f"graphs-triton-{run}"),
+            TORCHINDUCTOR_CACHE_DIR=str(work / f"graphs-inductor-{run}"),
+            TORCHINDUCTOR_COMPILE_THREADS="1",
+        )
+        for run in range(2)
+    ]
+    runs = _twice(INDUCTOR_CACHE_PROGRAM, work, envs)
+    if isinstance(runs, str):
+        return False, runs
+    cold, warm = runs
+    good = bool(
+        cold["ok"] and warm["ok"]
+        and cold["graphs"].get("fxgraph_cache_miss", 0) >= 1
+        and cold["inductor"]["puts"] >= 1
+        and warm["graphs"].get("fxgraph_cache_hit", 0) >= 1
+        and warm["graphs"].get("fxgraph_cache_miss", 0) == 0
+        and warm["inductor"]["hits"] >= 1
+        and warm["stats"]["triton"]["group_misses"] == 0
+    )  # fmt: skip
+    return good, json.dumps({"first": cold, "fresh process": warm})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--keep", help="work in this directory and keep it (default: a temporary one)"
     )
-    parser.add_argument("--only", choices=["nvrtc", "nvcc", "triton", "inductor"], action="append")
+    parser.add_argument(
+        "--only", choices=["nvrtc", "nvcc", "triton", "inductor", "inductor-cache"], action="append"
+    )
     args = parser.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="kernelcache-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -366,6 +423,7 @@ def main() -> int:
         "nvcc": lambda: check_nvcc(work, arch),
         "triton": lambda: check_triton(work),
         "inductor": lambda: check_inductor(work),
+        "inductor-cache": lambda: check_inductor_cache(work),
     }
     failed = 0
     for name, check in checks.items():

@@ -337,6 +337,13 @@ def test_the_team_tier_is_read_only_when_signed_or_trusted(
     assert "\n" not in (warned[0].getMessage() if warned else "")
 
 
+def test_each_torch_release_and_build_keys_its_own_entries() -> None:
+    key = "pt2:autotune-best-config-v2::k:c1"  # an autotune key holds no torch version
+    keys = {backend.entry_key(key, v) for v in ("2.10.0", "2.15.0", "2.15.0+cpu", "2.15.0+cu132")}
+    assert len(keys) == 4
+    assert backend.entry_key(key) == backend.entry_key(key, str(torch.__version__))
+
+
 def _service(cache: Cache) -> backend.Service:
     counts: dict[str, int] = {}
 

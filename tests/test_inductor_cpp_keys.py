@@ -54,8 +54,8 @@ def _builder(where: Path, source: str, *, flags: str = "-O3 -march=native", inc:
 SOURCE = '#include "h.h"\nint f() { return H; }\n'
 
 
-def _key(builder: Any) -> str:
-    return build_key(Build.of(builder), HeaderScans(), "2.13.0")
+def _key(builder: Any, torch_version: str = "2.13.0") -> str:
+    return build_key(Build.of(builder), HeaderScans(), torch_version)
 
 
 @pytest.fixture
@@ -78,6 +78,7 @@ def test_same_build_in_other_directories_has_one_key(tmp_path: Path, inc: Path) 
         pytest.param("source", id="source"),
         pytest.param("flags", id="flags"),
         pytest.param("header", id="header-content"),
+        pytest.param("torch", id="torch-release"),
     ],
 )
 def test_what_changes_the_binary_changes_the_key(tmp_path: Path, inc: Path, change: str) -> None:
@@ -87,9 +88,10 @@ def test_what_changes_the_binary_changes_the_key(tmp_path: Path, inc: Path, chan
         source = SOURCE.replace("return H", "return H + 1")
     elif change == "flags":
         flags = "-O2 -march=native"
-    else:
+    elif change == "header":
         (inc / "h.h").write_text("#define H 2\n")
-    assert _key(_builder(tmp_path / "b", source, flags=flags, inc=inc)) != before
+    release = "2.15.0" if change == "torch" else "2.13.0"
+    assert _key(_builder(tmp_path / "b", source, flags=flags, inc=inc), release) != before
 
 
 def test_a_header_that_cannot_be_found_is_uncacheable(tmp_path: Path, inc: Path) -> None:

@@ -118,6 +118,7 @@ def compile_kernel(name: str, block: int = 1024) -> tuple[Any, dict[str, Any]]:
     ) -> None:
         seen["cache_hit"] = cache_hit
         seen["stages"] = [stage for stage, _ in times.lowering_stages]
+        seen["group"] = dict(metadata_group)
 
     triton.knobs.compilation.listener = listener
     try:
@@ -126,6 +127,9 @@ def compile_kernel(name: str, block: int = 1024) -> tuple[Any, dict[str, Any]]:
         seen["seconds"] = time.perf_counter() - start
     finally:
         triton.knobs.compilation.listener = None
+    if not hasattr(kernel, "metadata_group"):  # Triton 3.4 keeps it only for the listener
+        kernel.metadata_group = seen["group"]
+    del seen["group"]
     return kernel, seen
 
 

@@ -95,6 +95,7 @@ SEAMS: tuple[Seam, ...] = (
     "torch._functorch._aot_autograd.autograd_cache:AOTAutogradCache.get_remote_cache",
     "torch._dynamo.callback:callback_handler.register_end_callback",
     "torch.utils._config_module:_UNSET_SENTINEL",
+    "torch.utils._config_module:_ConfigEntry",  # user_override's two shapes: switches.py
     *(f"{module}:{name}" for module, name, _ in SWITCHES),
 )
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from torch._inductor.remote_cache import RemoteCacheBackend
 
 from kernelcache import bytecache
@@ -49,9 +50,16 @@ __all__ = [
 NAMESPACE = "torch.compile/1"
 
 
-def entry_key(torch_key: str) -> str:
-    """The kernelcache key of a torch remote-cache key (``pt2:fx-graph-v1::...:c1``)."""
-    return KeyBuilder(NAMESPACE).add("torch_key", torch_key).hexdigest()
+def entry_key(torch_key: str, torch_version: str | None = None) -> str:
+    """The kernelcache key of a torch remote-cache key (``pt2:fx-graph-v1::...:c1``).
+
+    ``torch_version`` defaults to the installed torch's, build tag included
+    (``2.15.0+cu132``). torch hashes its own version and source into its FX
+    graph and AOTAutograd keys, not into every autotune key: with it here, two
+    releases (or two builds of one) never share an entry, whatever the key's shape.
+    """
+    version = str(torch.__version__) if torch_version is None else torch_version
+    return KeyBuilder(NAMESPACE).add("torch", version).add("torch_key", torch_key).hexdigest()
 
 
 def cache_id(torch_key: str) -> str:

@@ -286,7 +286,8 @@ def install(patches: Patches, get_cache: Callable[[], Cache]) -> None:
         )
         return
     headers = LazyHeaders(getattr(codecache, PRECOMPILE), getattr(codecache, HEADER_DIR))
-    hook = BuildHook(getattr(cpp_builder.CppBuilder, BUILD), get_cache, headers, version)
+    # The key holds the build tag too (2.15.0+cpu and +cu132 ship other headers and code).
+    hook = BuildHook(getattr(cpp_builder.CppBuilder, BUILD), get_cache, headers, torch.__version__)
 
     def build(builder: Any) -> None:
         hook(builder)
