@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from cli_run import kc_json
+from kernelcache.explain import fields, words
+from kernelcache.keys import KeyBuilder
 
 
 def _only_difference(kc_dir: Path, kind: str) -> dict[str, Any]:
@@ -46,3 +48,38 @@ def test_triton_parts_are_noted_only_from_the_compile_that_made_the_hash() -> No
     from kernelcache.triton.explain import compile_parts
 
     assert compile_parts("A" * 52, inspect.currentframe()) is None  # no triton.compile below
+
+
+# JAX ---------------------------------------------------------------------------------------
+
+
+def test_jax_last_miss_names_the_xla_flags(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    from test_jax import machine, run
+
+    for fast in ("false", "true"):
+        env = machine(tmp_path, "m", None, XLA_FLAGS=f"--xla_cpu_enable_fast_math={fast}")
+        assert run(env)["kc"]["puts"] == 1
+    difference = _only_difference(tmp_path / "m" / "kc", "jax")
+    assert difference["label"] == "xla_flags"
+    assert difference["words"] == (
+        "JAX: XLA flags: --xla_cpu_enable_fast_math=false → --xla_cpu_enable_fast_math=true"
+    )
+
+
+def test_jaxs_own_key_is_named_only_when_no_noted_part_differs() -> None:
+    def record(jax_key: str, flags: list[str]) -> dict[str, Any]:
+        key = KeyBuilder("jax/1").add("jax_key", jax_key).add("jax", "0.10.2").hexdigest()
+        fields.note_fields(key, {"module": "jit_f", "xla_flags": flags})
+        found = fields.summary(key)
+        assert found is not None
+        return found
+
+    stored = record("jit_f-" + "1" * 64, [])
+    flags = words.differences(record("jit_f-" + "2" * 64, ["--xla_x=1"]), stored)
+    assert [d["label"] for d in flags] == ["xla_flags"]
+    program = words.differences(record("jit_f-" + "3" * 64, []), stored)
+    assert [d["label"] for d in program] == ["jax_key"]
+    assert program[0]["words"].startswith(
+        "JAX's key (the program, its compile options, the devices)"
+    )

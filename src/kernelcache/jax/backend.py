@@ -26,6 +26,7 @@ from collections.abc import Callable
 from jax._src.compilation_cache_interface import CacheInterface
 
 from kernelcache.bytecache import Service
+from kernelcache.jax import keys
 
 __all__ = ["COMPILE_EVENT", "Backend", "compile_ended", "current", "listen"]
 
@@ -44,7 +45,9 @@ class Backend(CacheInterface):
         return self._service().get(key)
 
     def put(self, key: str, value: bytes) -> None:
-        self._service().put(key, value)
+        service = self._service()
+        keys.note(service.key(key), key)  # for `kernelcache explain`: a put, never a hit
+        service.put(key, value)
 
 
 # JAX's listeners cannot all be removed again on JAX 0.6 (no public unregister):

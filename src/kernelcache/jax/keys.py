@@ -14,15 +14,17 @@ never share an entry.
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import sys
 import zlib
 from collections.abc import Callable
 from typing import Any
 
+from kernelcache.explain import note_fields
 from kernelcache.keys import KeyBuilder
 
-__all__ = ["NAMESPACE", "ZSTD_MAGIC", "Setup", "compression", "entry_key"]
+__all__ = ["NAMESPACE", "ZSTD_MAGIC", "Setup", "compression", "entry_key", "note", "xla_flags"]
 
 #: Key namespace; bump the version when the entry layout changes.
 NAMESPACE = "jax/1"
@@ -95,3 +97,29 @@ def entry_key(setup: Setup, jax_key: str) -> str:
     for label, value in setup.fields().items():
         builder.add(label, value)
     return builder.hexdigest()
+
+
+def note(key: str, jax_key: str) -> None:
+    """Note, with the entry stored under ``key``, the parts of JAX's key kernelcache can
+    see: the module's name and the XLA flags JAX keys (issue 38). The rest of JAX's key
+    (the program, its compile options, the devices) stays in ``jax_key``, which
+    ``kernelcache explain`` names only when nothing noted differs. A put, never a hit."""
+    note_fields(key, {"module": jax_key.rpartition("-")[0], "xla_flags": xla_flags()})
+
+
+def xla_flags() -> list[str]:
+    """The XLA flags in JAX's key, as JAX takes them (``XLA_FLAGS``, ``LIBTPU_INIT_ARGS``,
+    ``--xla*`` arguments; sorted, the ones it leaves out left out)."""
+    flags: list[str] = []
+
+    class Taken:  # what JAX hashes, one flag per update
+        def update(self, data: bytes) -> None:
+            flags.append(data.decode("utf-8", "replace"))
+
+    try:
+        from jax._src import cache_key
+
+        cache_key._hash_xla_flags(Taken(), cache_key.get_flag_prefixes())  # noqa: SLF001
+    except (ImportError, AttributeError, TypeError):  # another JAX: the variable as set
+        return sorted(os.environ.get("XLA_FLAGS", "").split())
+    return flags
