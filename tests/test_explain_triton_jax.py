@@ -83,3 +83,17 @@ def test_jaxs_own_key_is_named_only_when_no_noted_part_differs() -> None:
     assert program[0]["words"].startswith(
         "JAX's key (the program, its compile options, the devices)"
     )
+
+
+# torch.compile -----------------------------------------------------------------------------
+
+
+def test_torch_last_miss_is_filed_and_names_torchs_key(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from test_inductor import MLP, machine, run
+
+    for extra in ({}, MLP):  # another model: another graph, so another key of torch's
+        assert run(machine(tmp_path, "m", None, **extra), "infer")["kc"]["puts"] >= 1
+    difference = _only_difference(tmp_path / "m" / "kc", "torch")
+    assert difference["label"] == "torch_key"
+    assert difference["words"].startswith("torch's key (the graph, its inputs")

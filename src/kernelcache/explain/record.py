@@ -37,9 +37,9 @@ FAMILIES = {
     "triton": "triton",
     "tilelang": "tilelang",
     "ninetoothed": "ninetoothed",
-    "inductor": "inductor",
-    "torch": "inductor",
-    "torch.compile": "inductor",
+    "inductor": "inductor",  # Inductor's C++ builds (kernelcache.inductor.cpp)
+    "torch": "torch",  # torch.compile's FX graphs and AOTAutograd results (torch.compile/1)
+    "torch.compile": "torch",
     "jax": "jax",
 }
 VERSION = 1

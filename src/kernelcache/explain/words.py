@@ -32,10 +32,11 @@ _NAMES = {
     "triton": "Triton",
     "xla_flags": "JAX: XLA flags",
     "jax_key": "JAX's key (the program, its compile options, the devices)",
+    "torch_key": "torch's key (the graph, its inputs, the compile's configuration)",
 }
 #: Another tool's hash, partly explained by fields noted beside it: named only when
 #: none of those differs.
-_OPAQUE = ("jax_key",)
+_OPAQUE = ("jax_key", "torch_key")
 #: Labels that hold the folder a compile ran in (keyed because debug info names it).
 _FOLDER_LABELS = ("cwd", "paths")
 
