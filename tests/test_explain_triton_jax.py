@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,41 @@ def test_triton_parts_are_noted_only_from_the_compile_that_made_the_hash() -> No
     from kernelcache.triton.explain import compile_parts
 
     assert compile_parts("A" * 52, inspect.currentframe()) is None  # no triton.compile below
+
+
+def test_a_triton_compile_from_an_ir_file_notes_its_hash_as_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("triton")
+    import triton
+
+    import kernelcache.triton as kt
+    import triton_kernels
+    from kernelcache import Cache, DiskStore
+
+    for name in [n for n in os.environ if n.startswith(("TRITON_", "KERNELCACHE_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "kernelcache.triton:CacheManager")
+    store = DiskStore(tmp_path / "kc")
+    kt.set_cache(Cache([store]))
+    try:
+        kernel, _ = triton_kernels.compile_kernel("add")
+        ttir = tmp_path / "add.ttir"
+        ttir.write_text(Path(kernel.metadata_group["add_kernel.ttir"]).read_text())
+        triton.compile(str(ttir), target=triton_kernels.TARGET)
+        records = [entry.key_record for info in store.scan() if (entry := store.get(info.key))]
+    finally:
+        kt.set_cache(None)
+        store.close()
+    labels = [{f[0] for f in r["fields"]} for r in records if r is not None]
+    from_ir = [found for found in labels if "signature.n" not in found]
+    assert len(labels) == 2, labels
+    assert len(from_ir) == 1, labels
+    assert {"source", "kernel", "options.num_warps", "triton", "file"} & from_ir[0] == {
+        "source", "kernel", "options.num_warps", "triton"
+    }  # fmt: skip
 
 
 # JAX ---------------------------------------------------------------------------------------
