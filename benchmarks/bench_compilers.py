@@ -16,7 +16,7 @@
    time (user+sys of the child) are both reported: on a shared machine the
    CPU time is the steadier of the two.
 
-Run: ``PYTHONPATH=src python benchmarks/bench_compilers.py [--repeat N]``.
+Run: ``PYTHONPATH=src python benchmarks/bench_compilers.py [--repeat N] [--json FILE]``.
 Uses a temporary cache directory (KERNELCACHE_DIR is overridden).
 """
 
@@ -33,6 +33,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results  # a sibling module: the script is run by path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -52,8 +55,15 @@ def median_seconds(fn: Callable[[], Any], repeat: int) -> float:
 HIT_TARGET_US = 15.0
 
 
+#: Every target checked in this run, for ``--json``.
+TARGETS: list[dict[str, str]] = []
+
+
 def verdict(label: str, value_us: float, limit_us: float = HIT_TARGET_US) -> str:
     mark = "PASS" if value_us <= limit_us else "MISS"
+    TARGETS.append(
+        results.target(f"{label} ≤ {limit_us:.0f} µs", f"{value_us:.1f} µs", value_us <= limit_us)
+    )
     return f"  {mark}  {label}: {value_us:.1f} us (target <= {limit_us:.0f} us)"
 
 
@@ -147,6 +157,14 @@ def bench_nvrtc_cold(arch: str, repeat: int) -> None:
             a, o = statistics.median(alone), statistics.median(ours)
             print(f"{name:<15} {a * 1e3:>10.1f} {o * 1e3:>15.1f} {o / a:>6.3f}x")
             mark = "PASS" if o / a <= COLD_LIMIT else "MISS"
+            TARGETS.append(
+                results.target(
+                    f"NVRTC cold compile, {name}, ≤ {COLD_LIMIT}× NVRTC alone",
+                    f"{o * 1e3:.1f} / {a * 1e3:.1f} ms",
+                    o / a <= COLD_LIMIT,
+                    ratio=f"{o / a:.3f}×",
+                )
+            )
             verdicts.append(
                 f"  {mark}  NVRTC cold, {name}: {o / a:.3f}x NVRTC alone (target <= {COLD_LIMIT}x)"
             )
@@ -259,13 +277,23 @@ def bench_launcher(arch: str, repeat: int) -> None:
         f"  hit / python start-up: {hit[1] / base[1]:.1f}x wall, {hit[2] / base[2]:.1f}x cpu"
     )
     print(f"launcher stats: {stats}")
+    TARGETS.append(
+        results.target(
+            "`kernelcache nvcc` hit (in-process Python client) vs `python -c pass`",
+            f"{hit[1] * 1e3:.1f} / {base[1] * 1e3:.1f} ms; cold nvcc {cold[1] * 1e3:.0f} ms",
+            "info",
+            ratio=f"{hit[1] / base[1]:.2f}×",
+        )
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    started = results.machine()
     print(
         f"python {sys.version.split()[0]} on {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
     )
@@ -273,6 +301,14 @@ def main() -> int:
     bench_nvrtc_cold(args.arch, max(5, args.repeat // 2))
     bench_cuda_core(args.arch, args.repeat * 50)
     bench_launcher(args.arch, args.repeat)
+    contenders = ["kernelcache.nvrtc", "NVRTC alone", "cuda.core ProgramCache", "kernelcache nvcc"]
+    contenders += ["nvcc", "python -c pass"]
+    results.write(
+        args.json,
+        results.document(
+            "bench_compilers", contenders=contenders, targets=TARGETS, started=started
+        ),
+    )
     return 0
 
 

@@ -64,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent / "tests"
 sys.path[:0] = [str(HERE.parent / "src"), str(TESTS)]
 
+import results  # noqa: E402
 from cuda_standin import Toolkit, make_toolkit  # noqa: E402
 
 
@@ -313,6 +314,21 @@ def targets(
     return out
 
 
+def as_targets(verdicts: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The verdicts in the shape every benchmark's JSON shares (results.py)."""
+    return [
+        results.target(
+            v["target"],
+            f"{v['kernelcache']:.3f} / {v['upstream']:.3f} s"
+            + (f" (CPU {v['cpu ratio']}×)" if v["cpu ratio"] else ""),
+            v["verdict"],
+            ratio=f"{v['ratio']:.2f}×",
+            limit=v["limit"],
+        )
+        for v in verdicts
+    ]
+
+
 def _cases(opts: argparse.Namespace) -> list[tuple[str, str, Any]]:
     cases: list[tuple[str, str, Any]] = []
     if not opts.skip_tilelang:
@@ -378,6 +394,7 @@ def main() -> None:
     # Byte-compiled as an installed package is (pip compiles at install), so the import
     # figures are a user's, also where PYTHONDONTWRITEBYTECODE keeps a checkout uncompiled.
     compileall.compile_dir(str(HERE.parent / "src" / "kernelcache"), quiet=1)
+    started = results.machine()
     root = Path(tempfile.mkdtemp(prefix="kernelcache-bench-dsl-"))
     try:
         toolkit = make_toolkit(root / "toolkit")
@@ -390,10 +407,14 @@ def main() -> None:
         sweep_rows = [] if opts.skip_tilelang else sweeps(toolkit, root, opts)
         verdicts = targets(cold_rows, many_rows, sweep_rows)
         report(cold_rows, many_rows, race_rows, sweep_rows, verdicts)
-        if opts.json:
-            result = {"cold_warm": cold_rows, "concurrent": many_rows, "race": race_rows,
-                      "sweep": sweep_rows, "targets": verdicts}  # fmt: skip
-            Path(opts.json).write_text(json.dumps(result, indent=2))
+        details = {"cold_warm": cold_rows, "concurrent": many_rows, "race": race_rows,
+                   "sweep": sweep_rows, "targets": verdicts}  # fmt: skip
+        contenders = sorted({f"{r['dsl']} ({r['cache']})" for r in cold_rows + many_rows})
+        results.write(
+            opts.json,
+            results.document("bench_dsl", contenders=contenders, targets=as_targets(verdicts),
+                             details=details, started=started),
+        )  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

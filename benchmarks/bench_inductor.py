@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import results
 from redis_server import RedisServer
 
 STAMPEDE = 4
@@ -240,7 +242,8 @@ def main() -> None:
     import torch
 
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
-    results: dict[str, Any] = {}
+    started = results.machine()
+    figures: dict[str, Any] = {}
     table: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="kc-bench-inductor-") as tmp:
         server = RedisServer(Path(tmp) / "redis")
@@ -248,12 +251,12 @@ def main() -> None:
         try:
             machines = Machines(Path(tmp), server.port)
             for model in args.models:
-                results[model] = bench_model(machines, server, model, args.repeat)
-                table += verdicts(model, results[model])
+                figures[model] = bench_model(machines, server, model, args.repeat)
+                table += verdicts(model, figures[model])
         finally:
             server.stop()
     print("| model | scenario | first call s | FX misses | C++ compiles |\n|---|---|---|---|---|")
-    for model, rows in results.items():
+    for model, rows in figures.items():
         for name, row in rows.items():
             if "seconds" in row:
                 compiles = row["cpp"].get("compiles", "") if row["cpp"] else ""
@@ -263,15 +266,23 @@ def main() -> None:
             else:
                 print(f"| {model} | {name} (x{STAMPEDE}) | wall {row['wall']:.2f} | "
                       f"{row['fx_miss']} | {row['cpp_compiles']} |")  # fmt: skip
-    for model, rows in results.items():
+    for model, rows in figures.items():
         for name in ("cold", "kernelcache cold"):
             runs = ", ".join(f"{s:.2f}" for s in rows[name]["runs_s"])
             print(f"{model} {name}, each run (s): {runs}")
-    print(f"\nkernelcache ran as: {results[args.models[0]]['kernelcache cold']['installed']}")
+    print(f"\nkernelcache ran as: {figures[args.models[0]]['kernelcache cold']['installed']}")
     print("\n| target (issues 21, 23) | measured | verdict |\n|---|---|---|")
     print("\n".join(f"| {t['target']} | {t['measured']} | {t['verdict']} |" for t in table))
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "targets": table}, indent=1))
+    results.write(
+        args.json,
+        results.document(
+            "bench_inductor",
+            contenders=["kernelcache.inductor", "torch's own caches (local, Redis remote)"],
+            targets=table,
+            details={"results": figures},
+            started=started,
+        ),
+    )
 
 
 if __name__ == "__main__":

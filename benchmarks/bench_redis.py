@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import json
 import os
 import shutil
 import statistics
@@ -35,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import redis
 from redis.cluster import RedisCluster
 
+import results
 from kernelcache import Entry
 from kernelcache.stores.redis import RedisStore, wire
 from kernelcache.stores.redis import format as fmt
@@ -322,6 +323,7 @@ def main() -> None:
     args = parser.parse_args()
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     result: dict[str, Any] = {}
+    started = results.machine()
     with tempfile.TemporaryDirectory(prefix="kc-bench-redis-") as tmp:
         server = RedisServer(Path(tmp) / "redis")
         cluster = LocalCluster(Path(tmp) / "cluster")
@@ -361,8 +363,37 @@ def main() -> None:
         finally:
             cluster.stop()
             server.stop()
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    results.write(
+        args.json,
+        results.document(
+            "bench_redis",
+            contenders=[
+                "kernelcache RedisStore",
+                "redis-py Redis.get",
+                "redis-py RedisCluster.get",
+            ],
+            targets=hit_targets(result["hits"]),
+            details=result,
+            started=started,
+        ),
+    )
+
+
+_TIERS = {"server": "server", "cluster": "Cluster"}
+
+
+def hit_targets(hits: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """One target row per hit measured: kernelcache's hit against the bare GET."""
+    return [
+        results.target(
+            f"Redis {_TIERS[h['target']]} hit, {h['variant']}, {h['size'] >> 10} KiB, "
+            f"≤ {TARGET}× bare GET",
+            f"{h['ours_us']:.0f} / {h['bare_us']:.0f} µs",
+            h["verdict"],
+            ratio=f"{h['ratio']:.2f}×",
+        )
+        for h in hits
+    ]
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import platform
 import random
@@ -41,6 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Sibling modules: the script is run by path, not as a package.
 import captable
 import contenders as ct
+import distinct
+import results
 import scaling
 from kernelcache.settings import default_dir
 from timing import Budget, Row, measure, timer_overhead
@@ -298,7 +299,7 @@ def targets(rows: list[Row], memory: list[Row], scale: list[Row]) -> list[dict[s
 def machine(root: str) -> dict[str, Any]:
     """What the figures were taken on: CPU, cores, Python, kernel, the file system under test."""
     return {
-        "cpu": cpu_model(),
+        "cpu": results.cpu_model(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -306,17 +307,6 @@ def machine(root: str) -> dict[str, Any]:
         "loadavg": tuple(round(x, 2) for x in os.getloadavg()),
         "dir": root,
     }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def file_system(path: str) -> str:
@@ -340,6 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--smoke", action="store_true", help="a few calls each (for CI)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument(
+        "--distinct-only",
+        action="store_true",
+        help="only the distinct-key 4 KB gets (1,500 keys read once each, 3 passes)",
+    )
+    parser.add_argument(
         "--dir",
         help="where to create the benchmark's directory (default: the user cache directory, "
         "where kernelcache's own cache lives; removed afterwards)",
@@ -351,6 +346,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.makedirs(parent, exist_ok=True)
     root = tempfile.mkdtemp(prefix="kernelcache-bench-", dir=parent)
     started = time.perf_counter()
+    started_on = results.machine()
+    if args.distinct_only:
+        try:
+            found = distinct.run(root, 1500, 4 * KB, 3)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(distinct.table(found, 1500, 4 * KB, 3))
+        return 0
     try:
         info = machine(root)
         overhead = timer_overhead()
@@ -360,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory = bench_memory_hit(mode, overhead)
         scale = scaling.run(root, mode.scale_entries, mode.scale_seconds, mode.rounds, overhead)
         caps = captable.run(root, mode.cap)
+        keys = {"full": 1500, "quick": 500, "smoke": 20}[mode_name]
+        distinct_rows = distinct.run(root, keys, 4 * KB, 1 if args.smoke else 3)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     verdicts = targets(rows, memory, scale)
@@ -373,23 +378,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + memory_table(memory) + "\n")
     print(scaling.table(scale) + "\n")
     print(captable.table(caps, mode.cap) + "\n")
+    print(distinct.table(distinct_rows, keys, 4 * KB, 1 if args.smoke else 3) + "\n")
     print("| target (shared/DESIGN.md) | measured | verdict |\n|---|---|---|")
     print("\n".join(f"| {t['target']} | {t['measured']} | {t['verdict']} |" for t in verdicts))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "machine": info,
-                    "rows": [r.as_json() for r in rows],
-                    "memory": [r.as_json() for r in memory],
-                    "scaling": [r.as_json() for r in scale],
-                    "caps": {"cap": mode.cap, "rows": caps},
-                    "targets": verdicts,
-                    "missing": missing,
-                },
-                f,
-                indent=1,
-            )
+    results.write(
+        args.json,
+        results.document(
+            "bench_stores",
+            contenders=[r.name for r in rows],
+            targets=verdicts,
+            argv=argv if argv is None else [sys.argv[0], *argv],
+            started=started_on,
+            details={
+                "machine": info,
+                "rows": [r.as_json() for r in rows],
+                "memory": [r.as_json() for r in memory],
+                "scaling": [r.as_json() for r in scale],
+                "caps": {"cap": mode.cap, "rows": caps},
+                "distinct": distinct_rows,
+                "missing": missing,
+            },
+        ),
+    )
     return 0
 
 

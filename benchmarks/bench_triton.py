@@ -50,11 +50,14 @@ import triton  # noqa: E402
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 import kernelcache.triton as kt  # noqa: E402
+import results  # noqa: E402
 import triton_kernels  # noqa: E402
 from kernelcache import Cache, DiskStore, MemoryStore, fingerprint  # noqa: E402
 from kernelcache.memoize import memoize  # noqa: E402
 
 KERNELS = ["add", "softmax", "matmul"]
+#: Every target checked (or figure shown) in this run, for ``--json``.
+TARGETS: list[dict[str, str]] = []
 KC_MANAGER = "kernelcache.triton:CacheManager"
 
 
@@ -77,6 +80,11 @@ def use_manager(name: str | None) -> None:
 
 def row(label: str, ours: float, peer: float, peer_name: str) -> None:
     print(f"  {label:<44} {ours:10.1f} us   {peer_name} {peer:10.1f} us   ratio {ours / peer:5.2f}")
+    TARGETS.append(
+        results.target(
+            label, f"{ours:.1f} / {peer:.1f} µs ({peer_name})", "info", ratio=f"{ours / peer:.2f}×"
+        )
+    )
 
 
 def bench_warm_compile(tmp: Path, rounds: int) -> None:
@@ -116,9 +124,10 @@ def bench_warm_compile(tmp: Path, rounds: int) -> None:
                 triton.compile(src, target=triton_kernels.TARGET)
                 times[label].append(time.perf_counter() - start)
         med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
-        row(f"{name}: kernelcache (pinned + disk)", med["kc"], med["file"], "FileCacheManager")
+        row(f"warm compile, {name}: kernelcache (pinned + disk)", med["kc"], med["file"],
+            "FileCacheManager")  # fmt: skip
         row(
-            f"{name}: kernelcache (disk tier alone)",
+            f"warm compile, {name}: kernelcache (disk tier alone)",
             med["kc-read"],
             med["file"],
             "FileCacheManager",
@@ -155,6 +164,14 @@ def bench_cold_compile(tmp: Path, rounds: int) -> None:
         ratio = med["kc"] / med["file"]
         cpu_ratio = statistics.median(cpu["kc"]) / max(statistics.median(cpu["file"]), 1e-9)
         verdict = "PASS" if ratio <= 1.05 else "MISS"
+        TARGETS.append(
+            results.target(
+                f"cold compile into an empty cache, {name}, ≤ 1.05× FileCacheManager",
+                f"{med['kc']:.3f} / {med['file']:.3f} s (CPU {cpu_ratio:.2f}×)",
+                verdict,
+                ratio=f"{ratio:.2f}×",
+            )
+        )
         print(
             f"  {name}: kernelcache {med['kc']:.3f} s, FileCacheManager {med['file']:.3f} s, "
             f"ratio {ratio:.2f} (CPU {cpu_ratio:.2f}); target <= 1.05x: {verdict}"
@@ -198,7 +215,7 @@ def bench_groups(tmp: Path, rounds: int) -> None:
         m.put_group("add_kernel.json", {c: m.put(d, c) for c, d in files.items()})
     time.sleep(2.1)  # as a later process finds the files (see bench_warm_compile)
     ours, peer = interleaved(put(kt.CacheManager), put(FileCacheManager), rounds)
-    row("group put", ours, peer, "FileCacheManager")
+    row("group put (the add kernel's files)", ours, peer, "FileCacheManager")
     ours, peer = interleaved(get(kt.CacheManager, key), get(FileCacheManager, key), rounds)
     row("group get + read files (pinned + disk)", ours, peer, "FileCacheManager")
 
@@ -241,7 +258,7 @@ def bench_handles(tmp: Path, rounds: int) -> None:
     small_us = median_us(lambda: small(3), rounds, inner=2000)
     refp_us = median_us(lambda: fingerprint.function(_small), rounds, inner=20)
     row("memoize hit, small function", small_us, lru_us, "lru_cache")
-    row("  identity probes vs re-fingerprint per call", small_us, refp_us, "fingerprint")
+    row("memoize: identity probes vs re-fingerprint per call", small_us, refp_us, "fingerprint")
     use_manager(None)
 
 
@@ -261,6 +278,7 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = Fal
     )
     for n in counts:
         walls: dict[str, float] = {}
+        compiles: dict[str, tuple[float, int]] = {}
         for label, manager in (("Triton (File)", None), ("kernelcache", KC_MANAGER)):
             folder = tmp / f"stampede-{n}-{len(walls)}"
             env = {**base, "TRITON_HOME": str(folder / "home")}
@@ -281,22 +299,33 @@ def bench_stampede(tmp: Path, counts: list[int], variants: int, warm: bool = Fal
                 )
                 for _ in range(n)
             ]
-            results = []
+            reports = []
             for proc in procs:
                 out, err = proc.communicate(timeout=900)
                 if proc.returncode != 0:
                     raise RuntimeError(f"stampede worker failed: {err[-2000:]}")
-                results.append(json.loads(out.splitlines()[0]))
+                reports.append(json.loads(out.splitlines()[0]))
             per_variant = [
-                sum(r["variants"][str(v)]["compiles"] for r in results) for v in variant_ids
+                sum(r["variants"][str(v)]["compiles"] for r in reports) for v in variant_ids
             ]
-            walls[label] = max(r["seconds"] for r in results)
+            walls[label] = max(r["seconds"] for r in reports)
+            compiles[label] = (sum(per_variant) / variants, max(per_variant))
             print(
                 f"  {n:>2}  {label:<18} {sum(per_variant) / variants:>16.2f} "
                 f"{max(per_variant):>4} {walls[label]:>8.2f}"
             )
         ratio = walls["kernelcache"] / walls["Triton (File)"]
         print(f"  {n:>2}  wall ratio kernelcache / Triton: {ratio:.2f}")
+        ours, theirs = compiles["kernelcache"], compiles["Triton (File)"]
+        TARGETS.append(
+            results.target(
+                f"Triton stampede, {n} processes × {variants} variants: one compile per variant",
+                f"{ours[0]:.2f} per variant (max {ours[1]}); Triton {theirs[0]:.2f}; "
+                f"wall {walls['kernelcache']:.2f} / {walls['Triton (File)']:.2f} s",
+                ours[1] == 1,
+                ratio=f"{ratio:.2f}× wall",
+            )
+        )
 
 
 SCALE = 3
@@ -321,7 +350,9 @@ def main() -> None:
     parser.add_argument(
         "--warm-processes", action="store_true", help="stampede: each process has compiled before"
     )
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
+    started = results.machine()
     rounds = 11 if args.quick else 201
     counts, variants = ([2, 4], 4) if args.quick else ([2, 4, 8], 8)
     print(f"triton {triton.__version__}, python {sys.version.split()[0]}, {rounds} rounds")
@@ -337,6 +368,14 @@ def main() -> None:
         for name, part in parts.items():
             if args.only in (None, name):
                 part(Path(tmp))
+    contenders = [
+        "kernelcache.triton CacheManager",
+        f"Triton {triton.__version__} FileCacheManager",
+    ]
+    results.write(
+        args.json,
+        results.document("bench_triton", contenders=contenders, targets=TARGETS, started=started),
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install kernelcache with every extra; re-runs when pyproject.toml or the
 # version (src/kernelcache/__init__.py) changes, or a DSL package (torch, tilelang,
-# ninetoothed) is missing.
+# ninetoothed, jax) is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
@@ -14,7 +14,7 @@ missing() {
 }
 # bin/kernelcache is installed as a copy (setuptools script-files): an edit needs a reinstall.
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__init__.py -nt "$stamp" ] \
-    || [ bin/kernelcache -nt "$stamp" ] || missing torch tilelang ninetoothed; then
+    || [ bin/kernelcache -nt "$stamp" ] || missing torch tilelang ninetoothed jax mkdocs material; then
     .venv/bin/python -m pip install -q --upgrade pip
     # The DSL extras (tilelang, ninetoothed) depend on torch. The CPU build
     # (a wheel this machine keeps locally) goes in FIRST: left to their
@@ -23,7 +23,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ src/kernelcache/__i
     if missing torch; then
         .venv/bin/python -m pip install -q "torch==2.13.0"
     fi
-    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed,inductor]"
+    .venv/bin/python -m pip install -q -e ".[all,tilelang,ninetoothed,inductor,jax,docs]"
     touch "$stamp"
 fi
 # The quick start leaves a usable command: say which, unless PATH already finds it (issue 20).

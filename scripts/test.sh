@@ -8,15 +8,25 @@ if ! command -v redis-server >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
+if ! command -v radosgw >/dev/null 2>&1 || ! command -v nginx >/dev/null 2>&1; then
+    # The S3 and HTTP tiers' tests start their own radosgw (a one-OSD Ceph cluster) and
+    # nginx WebDAV server on free loopback ports, inside the test's directory.
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq radosgw ceph-mon ceph-osd ceph-common nginx >/dev/null
+fi
 if [ -e /dev/fuse ] && { ! command -v fusermount3 >/dev/null 2>&1 || [ ! -e /usr/include/fuse3/fuse_lowlevel.h ]; }; then
     # The shared-filesystem tests mount a fault-injecting FUSE filesystem (tests/netfs/netfs.c),
     # compiled by the tests with cc against libfuse3.
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq fuse3 libfuse3-dev >/dev/null
 fi
-.venv/bin/ruff check src tests benchmarks
-.venv/bin/ruff format --check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks scripts
+.venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/mypy
+# The documentation site: a broken link, a missing page or anchor fails the build (issue 39).
+# Its snippets run in tests/test_docs.py; this line says how many.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+.venv/bin/python scripts/docs_gen.py count
 # Coverage follows every Python process the tests start (pyproject: [tool.coverage]),
 # pytest-xdist's two workers included; the report fails below its floor (fail_under).
 # Two workers: most tests wait on one compiler process at a time (nvcc, g++, torch);

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import netfs
+from object_servers import http_url, nginx_server, radosgw, s3_env, s3_url  # noqa: F401
 from redis_cluster import own_cluster, redis_cluster  # noqa: F401 (fixtures for every test file)
 from redis_proxy import proxy  # noqa: F401
 from redis_server import ns, own_redis, raw, redis_server  # noqa: F401

@@ -66,6 +66,9 @@ def clean_env(cache_dir: Path, **extra: str) -> dict[str, str]:
     expects a server hit must not see it gone.
     """
     env = {**os.environ, "KERNELCACHE_DIR": str(cache_dir), "KERNELCACHE_SERVER_IDLE": "60"}
+    # The compiled client is built in the cache directory itself, not in this user's
+    # shared folder: each test sees its own builds (native.shared_dir).
+    env["KERNELCACHE_CLIENT_DIR"] = str(cache_dir)
     env.update(extra)
     for name in (
         "KERNELCACHE_BASEDIR",

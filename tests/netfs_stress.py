@@ -68,6 +68,8 @@ class Result:
     seconds: float = 0.0
     #: Each process's stampede compiles (how many keys it compiled), in start order.
     per_process: list[int] = dataclasses.field(default_factory=list)
+    #: The longest any call took, less its own compile (seconds): a wait on others.
+    slowest: float = 0.0
     #: The disk tier's counters summed over the processes (kernelcache only).
     counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -92,6 +94,7 @@ class Result:
             self.stampede[key] = self.stampede.get(key, 0) + n
         self.compiles += sum(report["compiles"].values())
         self.per_process.append(sum(report["stampede"].values()))
+        self.slowest = max(self.slowest, report.get("slowest", 0.0))
         for name, n in report.get("counters", {}).items():
             self.counters[name] = self.counters.get(name, 0) + n
 
@@ -193,10 +196,10 @@ def verify(path: Path) -> tuple[int, list[dict[str, Any]]]:
     return proc.returncode, bad
 
 
-def staging_left(backing: Path, sub: str) -> int:
+def staging_left(backing: Path, sub: str) -> list[str]:
     """Items left in the disk tier's staging folder (half-done puts and removals)."""
     staging = backing / sub / "v1" / "staging"
-    return len(os.listdir(staging)) if staging.is_dir() else 0
+    return sorted(os.listdir(staging)) if staging.is_dir() else []
 
 
 def stored_bytes(folder: Path) -> int:

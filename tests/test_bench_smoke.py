@@ -29,7 +29,11 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| target (shared/DESIGN.md) | measured | verdict |" in proc.stdout
-    result = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "bench_stores"
+    assert doc["command"].startswith("python benchmarks/bench_stores.py --smoke")
+    assert "kernelcache DiskStore" in doc["contenders"]
+    result = doc["details"]
     measured = {(r["op"], r["size"], r["name"]) for r in result["rows"] if r.get("n")}
     for size in (4096, 65536, 1 << 20):
         for op in ("get", "put"):
@@ -42,7 +46,7 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     caps = result["caps"]["rows"]
     assert {r["extract"] for r in caps} == {False, True}
     assert max(r["size"] for r in caps) > 0
-    assert {t["verdict"] for t in result["targets"]} <= {"PASS", "MISS", "n/a", "info"}
+    assert {t["verdict"] for t in doc["targets"]} <= {"PASS", "MISS", "n/a", "info"}
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("kernelcache-bench-")]
     assert leftovers == [], "the benchmark must remove its directory"
 
@@ -67,7 +71,9 @@ def test_bench_redis_smoke(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    hits = json.loads(out.read_text())["hits"]
+    doc = json.loads(out.read_text())
+    hits = doc["details"]["hits"]
+    assert len(doc["targets"]) == len(hits)
     measured = {(r["target"], r["size"], r["variant"]) for r in hits}
     for target in ("server", "cluster"):
         for size in (4096, 65536, 1 << 20):
@@ -121,7 +127,9 @@ def test_bench_netfs_smoke(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| target | verdict |" in proc.stdout
-    result = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    assert all(t["measured"] for t in doc["targets"])
+    result = doc["details"]
     assert {r["cache"] for r in result["stress"]} >= {"kernelcache"}
     ours = [r for r in result["cost"] if r["cache"] == "kernelcache"]
     assert [r["attr_ms"] for r in ours] == [0]

@@ -84,8 +84,27 @@ def test_ls_json_and_sorting(cache_dir: Path) -> None:
     assert by_hits[0]["hits"] == 3
     human = kc(cache_dir, "ls")
     assert human.returncode == 0
-    assert human.stdout.splitlines()[0].split()[:2] == ["KEY", "SIZE"]
+    assert human.stdout.splitlines()[0].split()[:3] == ["KEY", "KIND", "SIZE"]
     assert len(human.stdout.splitlines()) == 6
+    assert {r["kind"] for r in rows} == {None}  # keys made by hand: no record, no kind
+
+
+def test_ls_names_the_integration_of_each_entry_from_its_key_record(tmp_path: Path) -> None:
+    from kernelcache.keys import KeyBuilder
+
+    path = tmp_path / "cache"
+    keys = {
+        KeyBuilder("jax/1").add("key", "jit_f-1").hexdigest(): "jax",
+        KeyBuilder("kernelcache.nvcc.result").add("source", "k").hexdigest(): "nvcc",
+    }
+    with Cache([DiskStore(path)], settings=Settings.load(dir=str(path))) as cache:
+        for key in keys:
+            cache.put(key, Entry({"a": b"x"}, meta={"compile_seconds": 1.0}))
+    rows = kc_json(path, "ls")
+    assert {r["key"]: r["kind"] for r in rows} == keys
+    human = kc(path, "ls").stdout
+    assert " jax " in human
+    assert " nvcc " in human
 
 
 def test_show_json_has_meta_sizes_and_checksums(cache_dir: Path) -> None:

@@ -13,7 +13,7 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource
 
 from kernelcache.cache import Cache
-from kernelcache.cuda_core import KEY_PREFIX, ProgramCache, cache_key, header_digest
+from kernelcache.cuda_core import KEY_PREFIX, ProgramCache, cache_key, header_digest, support
 from kernelcache.entry import Entry
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
@@ -34,6 +34,14 @@ def cache(tmp_path: Path) -> Iterator[Cache]:
 def compile_cubin(resource: ProgramCacheResource) -> ObjectCode:
     program = Program(SOURCE, "c++", ProgramOptions(arch="sm_90"))
     return program.compile("cubin", cache=resource)
+
+
+def test_the_installed_cuda_core_is_a_tested_release_with_every_seam() -> None:
+    from importlib.metadata import version
+
+    verdict = support()
+    assert (verdict.version, verdict.status) == (version("cuda-core"), "tested"), verdict.reason
+    assert support("2.0.0").status == "untested"
 
 
 def test_is_a_program_cache_resource(cache: Cache) -> None:

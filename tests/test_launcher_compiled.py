@@ -720,6 +720,44 @@ def test_start_builds_only_what_is_missing(tmp_path: Path, monkeypatch: pytest.M
     assert native.start(str(cache), {}) is None
 
 
+def test_the_client_is_built_once_per_user_not_per_cache_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh CI runner's empty cache directory takes the client built for this user, a
+    hard link to the same checked file: no compile on its first build (issue 40)."""
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+    cc.write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\nexec {COMPILER} "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{cc.parent}:{os.environ['PATH']}")
+    env = {native.SHARED_ENV: str(tmp_path / "clients")}
+    caches = [tmp_path / "cache-a", tmp_path / "cache-b"]
+    for cache in caches:
+        cache.mkdir()
+        thread = native.start(str(cache), env)
+        assert thread is not None
+        thread.join()
+        assert native.marked(str(cache), client_path(cache).name, native.boot_id() or "")
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    assert _counter(caches[0], "compiled_client_built") == 1
+    assert not (caches[1] / "nvcc-stats.json").exists()  # nothing built, nothing failed
+    shared = tmp_path / "clients" / client_path(caches[0]).name
+    assert client_path(caches[1]).stat().st_ino == shared.stat().st_ino
+    assert stat.S_IMODE(shared.stat().st_mode) == native.MODE & 0o7777
+    assert native.start(str(caches[1]), env) is None  # marked here: nothing to do
+
+
+def test_an_untrusted_shared_folder_is_not_used(tmp_path: Path) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert native.shared_dir({native.SHARED_ENV: str(shared)}) is None
+    assert native.shared_dir({}) is None
+    assert native.shared_dir({"HOME": str(tmp_path)}) == str(
+        tmp_path / ".cache/kernelcache-clients"
+    )
+
+
 @pytest.mark.parametrize(
     ("script", "built"),
     [

@@ -53,6 +53,8 @@ CORE = (
     "kernelcache._memos",
     "kernelcache.bundle",
     "kernelcache.maintenance",
+    "kernelcache.explain",
+    "kernelcache.explain.*",
 )
 INTEGRATIONS = (
     "kernelcache.nvrtc",
@@ -69,13 +71,22 @@ INTEGRATIONS = (
     "kernelcache.inductor",
     "kernelcache.inductor.*",
     "kernelcache._inductor_autoload",
+    "kernelcache.jax",
+    "kernelcache.jax.*",
+    "kernelcache._jax_autoload",
+    "kernelcache.bytecache",
     "kernelcache.integration",
+    "kernelcache.versions",
     "kernelcache.autotune",
     "kernelcache.memoize",
     "kernelcache.cli",
     "kernelcache.cli.*",
     "kernelcache.patching",
     "kernelcache.demo",
+    "kernelcache.doctor",
+    "kernelcache.servers",
+    "kernelcache.servers.*",
+    "kernelcache.vllm",
 )
 # Above both: the lazy public table, ``python -m kernelcache``, the default Cache
 # the integrations share, install hints, and the contract suite for other tiers.

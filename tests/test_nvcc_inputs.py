@@ -371,14 +371,23 @@ def test_host_search_options_join_the_watched_search_path(project: Path) -> None
     from kernelcache.nvcc.args import parse
 
     (project / "opts").write_text("-isystem sys -iquote q\n")
-    inv = parse(["-c", "k.cu", "-Xcompiler", "-I,a,-Ib,@opts", "--compiler-options=-idirafter,z"])
+    inv = parse(
+        [
+            *["-c", "k.cu", "-Xcompiler", "-I,a,-Ib,@opts", "--compiler-options=-idirafter,z"],
+            *["-Xcompiler", "-include,f.h,-imacrosm.h", "-include", "p.h,r.h"],
+        ]
+    )
     assert inv.reason is None
     assert inv.includes == [
         ("include", "a"),
         ("include", "b"),
         ("isystem", "sys"),
-        ("include", "q"),
+        ("quote", "q"),
         ("isystem", "z"),
+        ("pre", "f.h"),
+        ("pre", "m.h"),
+        ("pre", "p.h"),
+        ("pre", "r.h"),
     ]
 
 
@@ -387,3 +396,99 @@ def test_response_files_nested_too_deeply_are_refused(project: Path) -> None:
 
     (project / "loop").write_text("@loop\n")
     assert "nested too deeply" in (parse(["-c", "k.cu", "-Xcompiler", "@loop"]).reason or "")
+
+
+# 4. Every other lookup along a search path (issue 40) ----------------------------------
+
+#: (extra arguments, first lines of k.cu, the header as found, the header created later).
+SHADOWED = [
+    pytest.param(["-Xcompiler", "-include,h.h"], "", "b/h.h", "a/h.h", id="Xcompiler-include"),
+    pytest.param(["-Xcompiler=-include,h.h"], "", "b/h.h", "a/h.h", id="Xcompiler=-include"),
+    pytest.param(["--compiler-options=-includeh.h"], "", "b/h.h", "h.h", id="host-include-joined"),
+    pytest.param(["-Xcompiler", "-imacros,h.h"], "", "b/h.h", "a/h.h", id="Xcompiler-imacros"),
+    pytest.param(["-include", "h.h"], "", "b/h.h", "a/h.h", id="nvcc-include"),
+    pytest.param(["--pre-include=h.h"], "", "b/h.h", "h.h", id="pre-include-cwd"),
+    # -w: the launcher's -MD pass would repeat gcc's "#include_next in primary source file"
+    pytest.param(
+        ["-Xcompiler", "-w"], '#include_next "h.h"\n', "b/h.h", "a/h.h", id="next-in-main"
+    ),
+    pytest.param(
+        ["-Xcompiler", "-w"], '#include_next "h.h"\n', "b/h.h", "h.h", id="next-beside-main"
+    ),
+    pytest.param(["-Xcompiler", "-iquote,q"], '#include "h.h"\n', "a/h.h", "q/h.h", id="iquote"),
+    pytest.param(["-Xcompiler", "-Ib"], "#include <h.h>\n", "a/h.h", "b/h.h", id="host-I-first"),
+    pytest.param(
+        ["-Xcompiler", "-idirafter,z", "-isystem", "s"],
+        "#include <h.h>\n",
+        "z/h.h",
+        "s/h.h",
+        id="idirafter-after-isystem",
+    ),
+    pytest.param(
+        ["-Xcompiler", "-isystem,s"], "#include <h.h>\n", "s/h.h", "a/h.h", id="host-isystem"
+    ),
+    pytest.param(
+        [],
+        "",
+        None,
+        "cuda_runtime.h",
+        id="nvcc-own-pre-include",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "head", "found", "created"), SHADOWED)
+def test_a_header_created_earlier_along_any_lookup(
+    project: Path,
+    capfd: pytest.CaptureFixture[str],
+    extra: list[str],
+    head: str,
+    found: str | None,
+    created: str,
+) -> None:
+    """``-Ia -Ib`` and a header found late in the compiler's search: creating one where the
+    compiler looks first (as gcc orders ``-iquote``, ``-I``, ``-isystem``, ``-idirafter``,
+    host options before nvcc's; the working directory first for ``-include``) is a miss,
+    and the result is plain nvcc's."""
+    for d in ("a", "b", "q", "s", "z"):
+        (project / d).mkdir()
+    if found is not None:
+        (project / found).write_text("#define FOO 2\n")
+    (project / "k.cu").write_text(head + KERNEL)
+    settle()
+    argv = [*CUBIN, "-Ia", "-Ib", *extra]
+    assert same_as_fresh(argv, capfd) == "misses"
+    assert same_as_fresh(argv, capfd) == "hits"
+    shadow = "#include_next <cuda_runtime.h>\n" if created == "cuda_runtime.h" else ""
+    (project / created).write_text(shadow + "#define FOO 3\n")
+    settle()
+    assert same_as_fresh(argv, capfd) == "misses"
+    assert same_as_fresh(argv, capfd) == "hits"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        pytest.param(["-Xcompiler", "-iwithprefix,x"], {}, id="iwithprefix"),
+        pytest.param(["-Xcompiler", "-iprefix,p/"], {}, id="iprefix"),
+        pytest.param(
+            ["-Xcompiler", "-isystem", "-Xcompiler", "s"], {}, id="value-in-next-Xcompiler"
+        ),
+        pytest.param(["-Xcompiler", "-I=/usr/include"], {}, id="sysroot-relative"),
+        pytest.param([], {"INCLUDES": "-DX=1 -Ienvinc"}, id="profile-INCLUDES"),
+        pytest.param([], {"SYSTEM_INCLUDES": "'-isystem"}, id="profile-unreadable"),
+    ],
+)
+def test_a_search_the_scanner_does_not_model_gets_no_direct_mode(
+    project: Path, argv: list[str], env: dict[str, str]
+) -> None:
+    """Found by the preprocessed key only (:class:`Unsure`), never through the manifest."""
+    from kernelcache.nvcc import includes
+    from kernelcache.nvcc.args import parse
+
+    inv = parse(["-c", "k.cu", *argv])
+    assert inv.reason is None
+    with pytest.raises(includes.Unsure):
+        includes.absent({}, includes.search_path(inv, env), 0)
+    defines = {"INCLUDES": "-DEXTRA=1", "SYSTEM_INCLUDES": "-UFOO"}
+    assert includes.search_path(parse(["-c", "k.cu"]), defines).unsure is None

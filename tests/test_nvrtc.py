@@ -399,3 +399,24 @@ def test_threads_get_one_consistent_result(project: Path, cache: Cache) -> None:
     assert len({r.binary for r in results}) == 1
     assert len({r.key for r in results}) == 1
     assert any(r.hit for r in results)
+
+
+@pytest.mark.parametrize(
+    ("options", "head", "created"),
+    [
+        pytest.param(["-include=other.cuh"], "", "a/other.cuh", id="pre-include"),
+        pytest.param(["--pre-include=other.cuh"], "", "src/other.cuh", id="pre-include-beside"),
+        pytest.param([], "#include_next <limits.cuh>\n", "a/limits.cuh", id="include-next-main"),
+        pytest.param([], '#include_next "limits.cuh"\n', "src/limits.cuh", id="next-quoted"),
+    ],
+)
+def test_a_header_created_earlier_along_any_lookup(
+    project: Path, options: list[str], head: str, created: str
+) -> None:
+    """Issue 40, for NVRTC: every candidate of every lookup is in the key (hashed if it
+    exists, its folder watched if not), so no search order needs modelling."""
+    (project / "a").mkdir()
+    source = head + SOURCE.replace("#include <limits.cuh>\n", "")
+    before = key(source=source, options=options, include_dirs=["a", "inc"])
+    _write(project / created, "#define LIMIT 7\n#define OTHER 2\n")
+    assert key(source=source, options=options, include_dirs=["a", "inc"]) != before

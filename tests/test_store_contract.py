@@ -91,3 +91,25 @@ class TestRedisCluster(StoreContract):
     @pytest.fixture
     def store_factory(self, redis_cluster: object, tmp_path: Path) -> Iterator[StoreFactory]:
         yield from redis_factory(redis_cluster.url, tmp_path)  # type: ignore[attr-defined]
+
+
+class TestS3(StoreContract):
+    capped = False  # capped by prune --remote and bucket lifecycle rules, not by puts
+
+    @pytest.fixture
+    def store_factory(self, s3_url: str) -> Iterator[StoreFactory]:
+        from kernelcache.stores import S3Store
+
+        yield from closing(lambda read_only=False: S3Store(s3_url, read_only=read_only, timeout=30))
+
+
+class TestHTTP(StoreContract):
+    capped = False
+
+    @pytest.fixture
+    def store_factory(self, http_url: str) -> Iterator[StoreFactory]:
+        from kernelcache.stores import HTTPStore
+
+        yield from closing(
+            lambda read_only=False: HTTPStore(http_url, read_only=read_only, timeout=30)
+        )

@@ -14,7 +14,7 @@ import kernelcache.tilelang as kct  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
 from kernelcache.nvcc import key as nvcc_key  # noqa: E402
 from kernelcache.stores.disk import DiskStore  # noqa: E402
-from kernelcache.tilelang import keys, recording  # noqa: E402
+from kernelcache.tilelang import keys, recording, shapes  # noqa: E402
 from kernelcache.tilelang.autotune import TunerHooks  # noqa: E402
 
 BASE: dict[str, Any] = {
@@ -82,9 +82,18 @@ def test_real_probes_name_nvrtc_only_for_the_nvrtc_backend() -> None:
         assert value is None or "/" not in str(value).split("\n")[0], "no paths in key fields"
 
 
-def test_unsupported_version_keeps_tilelangs_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tilelang, "__version__", "0.1.14")
-    with pytest.warns(RuntimeWarning, match="keeps its own cache"):
+def test_a_release_without_a_seam_keeps_tilelangs_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tilelang, "__version__", "0.1.16")
+    monkeypatch.setattr(kct._state, "seams", (*kct.SEAMS, "tilelang.cache:gone"))  # noqa: SLF001
+    with pytest.warns(RuntimeWarning, match="lacks tilelang.cache:gone .*keeps its own cache"):
+        assert kct.install() is False
+    assert not kct.installed()
+
+
+def test_strict_versions_refuse_an_untested_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tilelang, "__version__", "0.1.12")
+    monkeypatch.setenv("KERNELCACHE_STRICT_VERSIONS", "1")
+    with pytest.warns(RuntimeWarning, match="outside the tested 0.1.13 to 0.1.15"):
         assert kct.install() is False
     assert not kct.installed()
 
@@ -173,3 +182,86 @@ def test_libraries_are_named_by_build_id_else_by_content(
     hashed = stamp()
     assert len(hashed) == 64  # the content's SHA-256
     assert int(hashed, 16) >= 0
+
+
+# Seams whose shape moved between releases (kernelcache.tilelang.shapes) -------------
+def _params() -> list[Any]:
+    from tilelang import tvm
+    from tilelang.engine.param import KernelParam, Var
+
+    n = Var("n", "int32")
+    return [
+        KernelParam(tvm.DataType("float16"), [n, 128]),
+        KernelParam(tvm.DataType("float32"), [n]),
+        KernelParam(tvm.DataType("int32"), []),
+    ]
+
+
+def test_kernel_params_round_trip_as_json_on_every_release() -> None:
+    """0.1.13 and 0.1.14 pickle params; entries hold JSON, written by kernelcache's own
+    reflection where TileLang has no dump_kernel_params: sizes, dtypes and a symbolic
+    size shared by two params survive, and no pickle is involved."""
+    from tilelang.engine import param
+
+    params = _params()
+    text = shapes._dump_params(params)  # noqa: SLF001 - the fallback itself, on any release
+    assert text.lstrip().startswith("{"), "JSON text, not a pickle"
+    if hasattr(param, "dump_kernel_params"):  # 0.1.15: the same text as upstream's
+        assert text == param.dump_kernel_params(params)
+    back = shapes._load_params(text)  # noqa: SLF001
+    assert [str(p.dtype) for p in back] == ["float16", "float32", "int32"]
+    assert back[0].shape[1] == 128
+    assert back[2].shape == []
+    assert back[0].shape[0].same_as(back[1].shape[0]), "one Var, shared"
+    assert shapes.load_params(shapes.dump_params(params))[0].shape[1] == 128
+
+
+def test_the_load_hook_matches_the_installed_loaders_shape(tmp_path: Path) -> None:
+    dispatch = getattr(importlib.import_module("tilelang.cache"), kct.DISPATCH_MAP)
+    shapes_before = {shapes.takes_context(getattr(u, kct.LOAD)) for u in dispatch.values()}
+    assert len(shapes_before) == 1, "every backend's loader has one shape"
+    with kct.enabled(Cache([DiskStore(tmp_path)])):
+        for upstream in dispatch.values():
+            hook = getattr(upstream, kct.LOAD)
+            expected = "load" if shapes_before == {True} else "load_separate"
+            assert hook.__name__ == expected
+
+
+def test_a_separate_target_reads_as_a_context() -> None:
+    context = shapes.Separate.of("cuda", None, "cython")
+    assert (context.target, context.execution_backend.name) == ("cuda", "cython")
+    assert shapes.context_kwargs(context) == {}
+    real = object()
+    assert shapes.context_kwargs(real) == {"backend_context": real}
+
+
+def test_the_separate_loader_gives_other_targets_to_tilelang_unchanged() -> None:
+    """0.1.13's loader shape: a target kernelcache does not handle (LLVM) reaches
+    TileLang's own loader with exactly the arguments TileLang passed."""
+    from tilelang import tvm
+
+    from kernelcache.integration import Counters
+    from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
+
+    seen: list[tuple[Any, ...]] = []
+
+    def original_load(*args: Any) -> str:
+        seen.append(args)
+        return "TileLang's own"
+
+    counters = Counters(COUNTERS)
+    hooks = BackendHooks(None, original_load, original_load, Cache, counters)
+    args: tuple[Any, ...] = (
+        "key",
+        tvm.target.Target("llvm"),
+        None,
+        [2],
+        "cython",
+        {},
+        None,
+        "func",
+        False,
+    )
+    assert hooks.load_separate(*args) == "TileLang's own"
+    assert seen == [args]
+    assert counters.snapshot()["passed_through"] == 1

@@ -101,6 +101,24 @@ def _disk_entries(kc_dir: Path) -> list[Entry]:
     return [e for e in entries if e is not None]
 
 
+# Versions --------------------------------------------------------------
+def test_the_installed_triton_is_a_tested_release_with_every_seam() -> None:
+    """Each cell of the version matrix runs this file: its Triton is inside TESTED."""
+    verdict = kt.support()
+    assert (verdict.version, verdict.status) == (triton.__version__, "tested"), verdict.reason
+
+
+def test_a_newer_triton_installs_untested_and_one_without_a_seam_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert kt.support("3.10.0").status == "untested"
+    monkeypatch.setattr(kt, "SEAMS", (*kt.SEAMS, "triton.runtime.cache:Gone"))
+    verdict = kt.support("3.10.0")
+    assert verdict.status == "refused"
+    assert "lacks triton.runtime.cache:Gone" in verdict.reason
+    assert "newest tested 3.9" in verdict.reason
+
+
 # Fresh processes -------------------------------------------------------
 def test_cold_process_compiles_every_stage(runs: dict[str, Any]) -> None:
     for name in KERNELS:

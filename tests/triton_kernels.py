@@ -109,8 +109,11 @@ def source(name: str, block: int = 1024) -> Any:
     return _sources(block)[name]
 
 
-def compile_kernel(name: str, block: int = 1024) -> tuple[Any, dict[str, Any]]:
-    """Compile one kernel for sm_90; returns the kernel and what the listener saw."""
+def compile_kernel(
+    name: str, block: int = 1024, options: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """Compile one kernel for sm_90 (with Triton ``options``, such as ``num_warps``);
+    returns the kernel and what the listener saw."""
     seen: dict[str, Any] = {}
 
     def listener(
@@ -118,14 +121,18 @@ def compile_kernel(name: str, block: int = 1024) -> tuple[Any, dict[str, Any]]:
     ) -> None:
         seen["cache_hit"] = cache_hit
         seen["stages"] = [stage for stage, _ in times.lowering_stages]
+        seen["group"] = dict(metadata_group)
 
     triton.knobs.compilation.listener = listener
     try:
         start = time.perf_counter()
-        kernel = triton.compile(source(name, block), target=TARGET)
+        kernel = triton.compile(source(name, block), target=TARGET, options=options)
         seen["seconds"] = time.perf_counter() - start
     finally:
         triton.knobs.compilation.listener = None
+    if not hasattr(kernel, "metadata_group"):  # Triton 3.4 keeps it only for the listener
+        kernel.metadata_group = seen["group"]
+    del seen["group"]
     return kernel, seen
 
 
@@ -144,9 +151,10 @@ def main(argv: list[str]) -> int:
         deadline = time.monotonic() + 60
         while not os.path.exists(start_file) and time.monotonic() < deadline:
             time.sleep(0.01)
+    options = json.loads(os.environ.get("KC_TEST_TRITON_OPTIONS", "{}"))
     out = {}
     for name in argv:
-        out[name] = report(*compile_kernel(name))
+        out[name] = report(*compile_kernel(name, options=options))
     print(json.dumps(out))
     return 0
 

@@ -94,17 +94,38 @@ def _barrier(folder: str, parties: int) -> None:
         time.sleep(0.001)
 
 
-def _group_files(kernel: Any) -> dict[str, str]:
+def _compile(variant: int) -> dict[str, str]:
+    """Compile ``variant``; the digests of its group's files. The paths come from Triton's
+    compile listener: Triton 3.4's ``CompiledKernel`` keeps no ``metadata_group``."""
+    group: dict[str, str] = {}
+
+    def listener(*, metadata_group: Any, **_: Any) -> None:
+        group.update(metadata_group)
+
+    triton.knobs.compilation.listener = listener
+    try:
+        triton.compile(source(variant), target=TARGET)
+    finally:
+        triton.knobs.compilation.listener = None
     files = {}
-    for child, path in kernel.metadata_group.items():
+    for child, path in group.items():
         with open(path, "rb") as f:
             files[child] = hashlib.sha256(f.read()).hexdigest()
     return files
 
 
+def _triton_key() -> str:
+    """Triton's hash of its own installation (``triton.runtime.cache`` from 3.5; 3.4 keeps
+    it in ``triton.compiler.compiler``)."""
+    key = getattr(triton.runtime.cache, "triton_key", None)
+    if key is None:
+        key = triton.compiler.compiler.triton_key
+    return str(key())
+
+
 def run(opts: dict[str, Any]) -> dict[str, Any]:
     # Warm up outside the measured part: Triton hashes its own installation once per process.
-    triton.runtime.cache.triton_key()
+    _triton_key()
     if opts.get("warm"):  # a variant no other process asks for: a miss everywhere
         with contextlib.redirect_stdout(io.StringIO()):
             triton.compile(source(1_000_000 + os.getpid()), target=TARGET)
@@ -118,11 +139,11 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
     for variant in opts["variants"]:
         try:
             with contextlib.redirect_stdout(printed):
-                kernel = triton.compile(source(variant), target=TARGET)
+                files = _compile(variant)
         except RuntimeError as exc:
             out["errors"][str(variant)] = str(exc)
             continue
-        out["variants"][str(variant)] = {"files": _group_files(kernel)}
+        out["variants"][str(variant)] = {"files": files}
     out["seconds"] = time.perf_counter() - start
     lines = printed.getvalue().splitlines()
     for variant, result in out["variants"].items():
@@ -137,7 +158,7 @@ def run(opts: dict[str, Any]) -> dict[str, Any]:
 
 def _compile_one(variant: int) -> dict[str, str]:
     with contextlib.redirect_stdout(io.StringIO()):
-        return _group_files(triton.compile(source(variant), target=TARGET))
+        return _compile(variant)
 
 
 def run_forked(opts: dict[str, Any]) -> dict[str, Any]:

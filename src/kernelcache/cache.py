@@ -9,6 +9,7 @@ from typing import Any
 
 from kernelcache.entry import Entry
 from kernelcache.errors import StoreError
+from kernelcache.keys import MISSED
 from kernelcache.settings import Settings
 from kernelcache.singleflight import Claim, SingleFlight
 from kernelcache.stats import Recorder, persistent_dir
@@ -83,7 +84,8 @@ class Cache:
                     return self._stack.hit(index, key, entry)
                 self._sample.append(key)  # a memory hit: stats cost one append
                 return entry
-        self._stats.tick()
+        MISSED.append(key)  # its fields, if built here, explain it (kernelcache.explain)
+        self._stats.missed(key)
         return None
 
     def put(self, key: str, entry: Entry) -> Entry:

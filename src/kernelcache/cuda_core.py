@@ -25,6 +25,11 @@ cannot see their content, so the caller must pass it as ``extra_digest`` to
     key = make_program_cache_key(code=src, code_type="c++", options=opts,
                                  target_type="cubin", extra_digest=header_digest(src, opts))
     code = ProgramCache().get(key)   # None on a miss: compile, then cache[key] = obj
+
+Versions: tested on cuda.core :data:`TESTED` (every 1.x release has
+``ProgramCacheResource``; the oldest and newest are cells of the version
+matrix); :func:`support` says what kernelcache makes of the installed one.
+Keys are cuda.core's own (``make_program_cache_key`` holds its version).
 """
 
 from __future__ import annotations
@@ -45,12 +50,30 @@ from kernelcache.errors import StoreError
 from kernelcache.keys import KeyBuilder
 from kernelcache.nvrtc import includes
 from kernelcache.nvrtc.key import KeyMemo, refusal
+from kernelcache.versions import Range, Seam, Support, decide
 
 if TYPE_CHECKING:
     from cuda.core import ObjectCode, ProgramOptions
 
     from kernelcache.cache import Cache
     from kernelcache.stores.base import Store
+
+#: cuda.core releases this resource was tested on.
+TESTED = Range("1.0", "1.2")
+#: What it needs of the installed cuda.core.
+SEAMS: tuple[Seam, ...] = (
+    "cuda.core.utils:ProgramCacheResource",
+    "cuda.core:ObjectCode.from_cubin",
+    "cuda.core:ObjectCode.from_ptx",
+)
+
+
+def support(version: str | None = None) -> Support:
+    """What kernelcache makes of ``version`` of cuda.core (default: the installed one)."""
+    from importlib.metadata import version as installed
+
+    return decide("cuda.core", version or installed("cuda-core"), TESTED, SEAMS)
+
 
 #: Every key this resource writes starts with this, so ``len`` and ``clear``
 #: touch only cuda.core's entries in a cache shared with other integrations.

@@ -32,7 +32,15 @@ from kernelcache.errors import CorruptEntry, StoreError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Entry", "Files", "TempFiles", "validate_name"]
+__all__ = ["KEY_RECORD", "Entry", "Files", "TempFiles", "validate_name"]
+
+#: The metadata field holding the entry's key's fields (:mod:`kernelcache.explain`):
+#: kept with the entry, left out of :attr:`Entry.meta` and of equality.
+KEY_RECORD = "key_fields"
+#: How :meth:`Entry.with_key_record` starts the record, written last: ``Entry.meta`` (on
+#: hits) parses the metadata before it and skips the record. Inside a JSON string a quote
+#: is escaped, and a record holds no objects, so the last match is the record's start.
+_RECORD_AT = b'"' + KEY_RECORD.encode() + b'":{"ns":'
 
 _locks_lock = threading.Lock()
 
@@ -166,7 +174,10 @@ class Entry(Mapping[str, bytes]):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Entry):
             return NotImplemented
-        return self._artifacts == other._artifacts and self._meta_raw == other._meta_raw
+        if self._artifacts != other._artifacts:
+            return False
+        # The key's record describes how the entry was found, not what it holds.
+        return self._meta_raw == other._meta_raw or self.meta == other.meta
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -185,7 +196,30 @@ class Entry(Mapping[str, bytes]):
         Entries are shared (a memory tier hands the same one to every
         caller), so a caller changing the dict it got must not change what
         the next caller sees; use :meth:`with_meta` for a changed entry.
+        The key's record (:attr:`key_record`) is not part of it.
         """
+        raw = self._meta_raw
+        cut = raw.rfind(_RECORD_AT)
+        if cut > 0 and raw[cut - 1 : cut] in (b",", b"{"):
+            # Hits read metadata (compile_seconds, ...): the record is not parsed for them.
+            try:
+                head = _load_meta(raw[: cut - 1] + b"}" if cut > 1 else b"{}")
+            except (ValueError, RecursionError):
+                head = None
+            if isinstance(head, dict) and KEY_RECORD not in head:
+                return head
+        meta = self._all_meta()
+        meta.pop(KEY_RECORD, None)
+        return meta
+
+    @property
+    def key_record(self) -> dict[str, Any] | None:
+        """The fields of the key this entry was stored under (:mod:`kernelcache.explain`),
+        when the process that stored it built the key; else ``None``."""
+        record = self._all_meta().get(KEY_RECORD)
+        return record if isinstance(record, dict) else None
+
+    def _all_meta(self) -> dict[str, Any]:
         try:
             meta = _load_meta(self._meta_raw)
         except (ValueError, RecursionError) as exc:
@@ -199,9 +233,23 @@ class Entry(Mapping[str, bytes]):
         """Bytes of artifact data plus metadata (what size caps count)."""
         return sum(map(len, self._artifacts.values())) + len(self._meta_raw)
 
+    def with_key_record(self, record: Mapping[str, Any]) -> Entry:
+        """A copy carrying ``record`` (``{"ns": ..., "fields": [...]}``) as its key's record,
+        written after the rest of the metadata (see :data:`_RECORD_AT`)."""
+        if not isinstance(record.get("ns"), str):
+            raise ValueError("a key record starts with its namespace: {'ns': str, ...}")
+        rest = _dump_meta(self.meta)
+        ordered = {"ns": record["ns"], **{k: v for k, v in record.items() if k != "ns"}}
+        tail = json.dumps(ordered, separators=(",", ":"), allow_nan=False).encode()
+        entry = Entry(self._artifacts, key=self._key)
+        entry._meta_raw = (
+            rest[:-1] + (b"," if len(rest) > 2 else b"") + _RECORD_AT[:-6] + tail + b"}"
+        )
+        return entry
+
     def with_meta(self, **updates: Any) -> Entry:
-        """A copy with metadata fields added or replaced."""
-        return Entry(self._artifacts, {**self.meta, **updates}, key=self._key)
+        """A copy with metadata fields added or replaced (the key's record kept)."""
+        return Entry(self._artifacts, {**self._all_meta(), **updates}, key=self._key)
 
     # Files for loaders -------------------------------------------------
     def path(self, name: str) -> str:

@@ -12,8 +12,10 @@ Pure functions only: no I/O, so keys can be tested without storage.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
+from collections import deque
 from collections.abc import Mapping
 from hashlib import sha256
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,10 @@ __all__ = [
     "MAX_DEPTH",
     "SCHEMA_VERSION",
     "KeyBuilder",
+    "built",
     "encode",
+    "family",
+    "family_of",
     "file_sha256",
     "make_key",
     "sha256",
@@ -97,24 +102,64 @@ def _encode(value: Any, depth: int) -> bytes:
     )
 
 
+#: Keys this process built lately (``hexdigest()``), with their namespace and
+#: labelled fields as encoded, so that an entry stored under one, or a miss of
+#: one, can say what it was made of (:mod:`kernelcache.explain`). Bounded (the
+#: oldest goes first); the encodings are only referenced, never copied.
+BUILT_MAX = 512
+_BUILT: dict[str, tuple[str, tuple[tuple[str, bytes], ...]]] = {}
+#: Keys this process missed lately (``Cache.get``), newest last.
+MISSED: deque[str] = deque(maxlen=32)
+
+
+def built(key: str) -> tuple[str, tuple[tuple[str, bytes], ...]] | None:
+    """``(namespace, ((label, encoded value), ...))`` of a key this process built lately."""
+    return _BUILT.get(key)
+
+
+def family(namespace: str) -> str:
+    """The integration family of a key namespace (``kernelcache.nvcc.direct`` -> ``nvcc``):
+    what statistics and ``kernelcache explain --last-miss`` group keys by."""
+    parts = namespace.replace("/", ".").split(".")  # JAX's is "jax/1"
+    name = parts[1] if parts[0] == "kernelcache" and len(parts) > 1 else parts[0]
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name.lower())
+    return cleaned[:40] or "other"
+
+
+def family_of(key: str) -> str:
+    """:func:`family` of a key this process built lately; ``other`` for any other key."""
+    found = _BUILT.get(key)
+    return "other" if found is None else family(found[0])
+
+
 class KeyBuilder:
     """Build a key from labelled fields.
 
     ``KeyBuilder("my-dsl").add("source", src).add("arch", "sm_90").hexdigest()``
 
     The namespace and schema version are hashed first, so two tools that hash
-    the same fields never share keys.
+    the same fields never share keys. The fields are remembered as well (the
+    encodings already made for the hash, not copies): a key built here can
+    explain itself (:func:`built`, :mod:`kernelcache.explain`).
     """
 
-    __slots__ = ("_hash", "namespace")
+    __slots__ = ("_fields", "_hash", "namespace")
 
-    def __init__(self, namespace: str, *, _state: _Hash | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        _state: _Hash | None = None,
+        _fields: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         if not isinstance(namespace, str) or not namespace:
             raise TypeError("KeyBuilder needs a non-empty str namespace")
         self.namespace = namespace
         if _state is not None:  # copy(): the fields so far, already hashed
             self._hash = _state
+            self._fields = _fields if _fields is not None else []
             return
+        self._fields = []
         self._hash = sha256()
         self._hash.update(encode(("kernelcache-key", SCHEMA_VERSION, namespace)))
 
@@ -122,12 +167,14 @@ class KeyBuilder:
         """Mix in one labelled field; returns ``self`` for chaining."""
         if not isinstance(label, str):
             raise TypeError(f"key labels must be str, not {type(label).__name__}")
-        self._hash.update(encode(label) + encode(value))
+        encoded = encode(value)
+        self._hash.update(encode(label) + encoded)
+        self._fields.append((label, encoded))
         return self
 
     def copy(self) -> KeyBuilder:
         """An independent builder holding the fields added so far."""
-        return KeyBuilder(self.namespace, _state=self._hash.copy())
+        return KeyBuilder(self.namespace, _state=self._hash.copy(), _fields=self._fields[:])
 
     def digest(self) -> bytes:
         """The 32-byte key; the builder can still be extended afterwards."""
@@ -135,7 +182,13 @@ class KeyBuilder:
 
     def hexdigest(self) -> str:
         """The key as 64 lowercase hex characters (what stores take)."""
-        return self._hash.copy().hexdigest()
+        key = self._hash.copy().hexdigest()
+        _BUILT[key] = (self.namespace, tuple(self._fields))
+        if len(_BUILT) > BUILT_MAX:
+            # The oldest; another thread changing the table meanwhile raises RuntimeError.
+            with contextlib.suppress(RuntimeError):
+                _BUILT.pop(next(iter(_BUILT), ""), None)
+        return key
 
 
 def file_sha256(path: str) -> str:

@@ -64,17 +64,18 @@ def _parse_cap(var: str, text: str | int) -> int | None:
 
 
 def _parse_remote(var: str, text: str) -> str | None:
-    """The team tier's URL, checked whole now: a typo is one error here, not a
-    ``TypeError`` from every later lookup (issue 20)."""
-    if not text:
+    """The team tiers' URLs, space-separated, front first (ccache's ``remote_storage``),
+    each checked whole now: a typo is one error here, not a ``TypeError`` from every
+    later lookup (issue 20)."""
+    if not text.strip():
         return None
-    from kernelcache.stores.redis.config import validate_url  # only remote users pay for it
+    from kernelcache.stores import remotes  # only remote users pay for their tiers' modules
 
     try:
-        validate_url(text)
+        remotes.validate(text)
     except ConfigError as exc:
         raise ConfigError(f"{var}: {exc}") from None
-    return text
+    return " ".join(remotes.split(text))
 
 
 def _parse_dir(var: str, text: str) -> str:
@@ -93,10 +94,13 @@ def _parse_dir(var: str, text: str) -> str:
     return os.path.abspath(path)
 
 
-def _variable(name: str, parse: Callable[[str, Any], Any], *, arguments: bool = False) -> Any:
+def _variable(
+    name: str, parse: Callable[[str, Any], Any], *, arguments: bool = False, doc: str = ""
+) -> Any:
     """Field metadata: the variable ``KERNELCACHE_<name>`` read by ``parse(var, text)``;
-    ``arguments``: constructor arguments go through ``parse`` too (sizes with units)."""
-    return {"variable": ENV_PREFIX + name, "parse": parse, "arguments": arguments}
+    ``arguments``: constructor arguments go through ``parse`` too (sizes with units);
+    ``doc``: what it means, for the documentation's settings page (scripts/docs_gen.py)."""
+    return {"variable": ENV_PREFIX + name, "parse": parse, "arguments": arguments, "doc": doc}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,30 +112,73 @@ class Settings:
     """
 
     dir: str = dataclasses.field(
-        default_factory=default_dir, metadata=_variable("DIR", _parse_dir, arguments=True)
+        default_factory=default_dir,
+        metadata=_variable(
+            "DIR",
+            _parse_dir,
+            arguments=True,
+            doc="the cache directory, absolute or ~/... (empty: unset; relative: an error)",
+        ),
     )
     max_bytes: int | None = dataclasses.field(
-        default=DEFAULT_MAX_SIZE, metadata=_variable("MAX_SIZE", _parse_cap, arguments=True)
+        default=DEFAULT_MAX_SIZE,
+        metadata=_variable(
+            "MAX_SIZE",
+            _parse_cap,
+            arguments=True,
+            doc="the disk (or SQLite) tier's cap: 500M, 5G; 0 in any unit: no cap",
+        ),
     )
     memory_max_bytes: int | None = dataclasses.field(
         default=DEFAULT_MEMORY_MAX_SIZE,
-        metadata=_variable("MEMORY_MAX_SIZE", _parse_cap, arguments=True),
+        metadata=_variable(
+            "MEMORY_MAX_SIZE", _parse_cap, arguments=True, doc="the memory tier's cap"
+        ),
     )
     local: str = dataclasses.field(
-        default="disk", metadata=_variable("LOCAL", _parse_local, arguments=True)
+        default="disk",
+        metadata=_variable(
+            "LOCAL",
+            _parse_local,
+            arguments=True,
+            doc="the local tier: disk (one file per entry) or sqlite (cache.sqlite in the directory)",
+        ),
     )
     remote: str | None = dataclasses.field(
-        default=None, metadata=_variable("REMOTE", _parse_remote)
+        default=None,
+        metadata=_variable(
+            "REMOTE",
+            _parse_remote,
+            doc="the team tier: redis://host:port/db?namespace=&ttl=&timeout=&readonly="
+            "&max_entry_size=, or redis+cluster://host:port?...&replicas=",
+        ),
     )
-    disable: bool = dataclasses.field(default=False, metadata=_variable("DISABLE", _parse_bool))
-    read_only: bool = dataclasses.field(default=False, metadata=_variable("READONLY", _parse_bool))
+    disable: bool = dataclasses.field(
+        default=False,
+        metadata=_variable("DISABLE", _parse_bool, doc="no tiers: every lookup misses"),
+    )
+    read_only: bool = dataclasses.field(
+        default=False,
+        metadata=_variable("READONLY", _parse_bool, doc="write nothing into the cache directory"),
+    )
     secret: str | None = dataclasses.field(
-        default=None, repr=False, metadata=_variable("SECRET", _parse_secret)
+        default=None,
+        repr=False,
+        metadata=_variable(
+            "SECRET",
+            _parse_secret,
+            doc="sign and verify the team tier's entries (keyed BLAKE3); set but empty: an error",
+        ),
     )
     #: Integrations refuse every release of their tool outside the tested range
     #: (by default, an untested release with every seam present installs with a warning).
     strict_versions: bool = dataclasses.field(
-        default=False, metadata=_variable("STRICT_VERSIONS", _parse_bool)
+        default=False,
+        metadata=_variable(
+            "STRICT_VERSIONS",
+            _parse_bool,
+            doc="integrations refuse every release of their tool outside the tested range",
+        ),
     )
     #: Where each value came from: "argument", "environment KERNELCACHE_X" or "default".
     sources: dict[str, str] = dataclasses.field(

@@ -226,7 +226,7 @@ class SingleFlight:
                 return self._lead(key, flight)
             if not flight.wait():
                 self.events.count("lock_timeouts")
-                return Claim(self, key)  # the leader is stuck: liveness first
+                return Claim(self, key, contended=True)  # the leader is stuck: liveness first
             if flight.entry is not None:
                 self.events.count("flight_waits")
                 return Claim(self, key, entry=flight.entry)
@@ -237,6 +237,7 @@ class SingleFlight:
 
     def _lead(self, key: str, flight: Flight) -> Claim:
         held: list[FlightLock] = []
+        contended = False
         try:
             for index, tier in enumerate(self.tiers):
                 wait = min(max(0.0, flight.lock_deadline - time.monotonic()), _LONGEST_WAIT)
@@ -255,13 +256,14 @@ class SingleFlight:
                 if lock is False:
                     # A holder elsewhere is stuck beyond the timeout: liveness first.
                     self.events.count("lock_timeouts")
+                    contended = True
                     break
         except BaseException:
             self.flights.land(key, flight, None)
             _release(held)
             raise
         flight.extend()
-        return Claim(self, key, flight=flight, locks=held)
+        return Claim(self, key, flight=flight, locks=held, contended=contended)
 
 
 class Claim:
@@ -282,9 +284,13 @@ class Claim:
         entry: Entry | None = None,
         flight: Flight | None = None,
         locks: Sequence[FlightLock] = (),
+        contended: bool = False,
     ) -> None:
         self.key = key
         self.entry = entry
+        #: Whether it leads although another process or machine still held a lock
+        #: when its wait ran out (``timeout=0``: a try that found the key busy).
+        self.contended = contended
         self._owner = owner
         self._flight = flight
         self._locks = list(locks)

@@ -47,7 +47,7 @@ def unexpected(tier: Store, exc: Exception) -> None:
 
 
 def default_tiers(settings: Settings) -> list[Store]:
-    """Memory, a local tier, and Redis when ``remote`` is set, as :class:`Settings` say.
+    """Memory, a local tier, and the team tiers ``remote`` lists, as :class:`Settings` say.
 
     The local tier is a :class:`DiskStore` at ``dir`` or, with ``local="sqlite"``,
     a :class:`SQLiteStore` at ``dir/cache.sqlite``; both take ``max_size`` as
@@ -59,11 +59,14 @@ def default_tiers(settings: Settings) -> list[Store]:
     fstype.warn_if_network(settings.dir)  # once per process: a library user, not each nvcc call
     tiers: list[Store] = [MemoryStore(max_bytes=settings.memory_max_bytes), local_tier(settings)]
     if settings.remote:
-        from kernelcache.stores.redis import RedisStore  # only users of a remote pay for it
+        from kernelcache.stores import remotes  # only users of a remote pay for it
 
-        tiers.append(
-            RedisStore(settings.remote, secret=settings.secret, read_only=settings.read_only)
-        )
+        team = [  # front first: Redis before S3
+            remotes.make(url, secret=settings.secret, read_only=settings.read_only)
+            for url in remotes.split(settings.remote)
+        ]
+        remotes.share_leases(team)
+        tiers.extend(team)
     return tiers
 
 
@@ -142,7 +145,14 @@ class TierStack:
         return None
 
     def store(self, key: str, entry: Entry) -> Entry:
-        """Write ``entry`` under ``key`` to every writable tier; returns it as stored."""
+        """Write ``entry`` under ``key`` to every writable tier; returns it as stored.
+
+        The entry carries its key's fields when this process built the key
+        (:func:`kernelcache.explain.record.stamp`; a put, never a hit, pays for it).
+        """
+        from kernelcache.explain.record import stamp
+
+        entry = stamp(key, entry, self.recorder.directory)
         stored = self.write(self.tiers, key, entry if entry.key == key else entry.bind(key))
         self.recorder.note(key, stored)
         self.recorder.tick()

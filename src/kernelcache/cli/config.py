@@ -71,6 +71,12 @@ def _compiled_client(env: Mapping[str, str], var: str) -> Any:
     return wanted(env)
 
 
+def _flight_timeout(env: Mapping[str, str], var: str) -> Any:
+    from kernelcache.nvcc.flight import timeout
+
+    return timeout(env)
+
+
 #: name, variable, reader(env, variable), what the default is when unset.
 INTEGRATION_VARIABLES: tuple[tuple[str, str, Callable[[Mapping[str, str], str], Any], str], ...] = (
     ("triton_dir", "KERNELCACHE_TRITON_DIR", _text, "TRITON_CACHE_DIR if set, else dir"),
@@ -85,7 +91,33 @@ INTEGRATION_VARIABLES: tuple[tuple[str, str, Callable[[Mapping[str, str], str], 
     ("server_idle", "KERNELCACHE_SERVER_IDLE", _seconds(600.0), "600 s"),
     ("server_timeout", "KERNELCACHE_SERVER_TIMEOUT", _seconds(120.0), "120 s"),
     ("compiled_client", "KERNELCACHE_COMPILED_CLIENT", _compiled_client, "on"),
+    ("nvcc_flight_timeout", "KERNELCACHE_NVCC_FLIGHT_TIMEOUT", _flight_timeout, "600 s"),
+    ("vllm", "KERNELCACHE_VLLM", _flag(False), "off"),
 )
+
+#: What each integration variable means, for the documentation's settings page
+#: (scripts/docs_gen.py, Markdown; a test fails for a variable without one).
+MEANINGS: dict[str, str] = {
+    "KERNELCACHE_TRITON_DIR": "Triton's cache directory, whatever TRITON_CACHE_DIR says",
+    "KERNELCACHE_TRITON_MAX_SIZE": "the cap of Triton's cache directory",
+    "KERNELCACHE_TRITON_TIMEOUT": "seconds a Triton compile holds its claim and others wait "
+    "for it (inf: no limit)",
+    "KERNELCACHE_TRITON_NAMESPACE": "mixed into Triton keys: setups sharing a directory kept apart",
+    "KERNELCACHE_BASEDIR": "launcher: absolute paths under it are keyed relative to it",
+    "KERNELCACHE_HASH_DIR": "launcher: key the working directory of debug compiles",
+    "KERNELCACHE_SLOPPINESS": "`time_macros` caches sources that use `__TIME__` and co. "
+    "(launcher, NVRTC, `header_digest`)",
+    "KERNELCACHE_NVCC_PREPROCESSED": "launcher: try the preprocessed key after a direct miss",
+    "KERNELCACHE_SERVER": "launcher: ask the warm per-user server for hits",
+    "KERNELCACHE_SERVER_IDLE": "launcher: seconds without a call before the server exits",
+    "KERNELCACHE_SERVER_TIMEOUT": "launcher: seconds a client waits for the server's answer",
+    "KERNELCACHE_COMPILED_CLIENT": "launcher: the server builds the compiled client "
+    "(with cc or gcc)",
+    "KERNELCACHE_NVCC_FLIGHT_TIMEOUT": "launcher: seconds a call waits for another's compile "
+    "of the same command before it compiles itself",
+    "KERNELCACHE_VLLM": "vLLM's plugin sets FlashInfer's, DeepGEMM's, torch's and Triton's "
+    "launchers in every vLLM process",
+}
 
 
 def rows(settings: Settings, env: Mapping[str, str]) -> list[dict[str, Any]]:

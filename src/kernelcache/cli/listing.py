@@ -13,14 +13,31 @@ from kernelcache import maintenance
 from kernelcache.cache import Cache
 from kernelcache.cli.common import named, open_cache, require_cache
 from kernelcache.cli.output import format_age, format_seconds, format_time, print_json, table
-from kernelcache.errors import ConfigError
+from kernelcache.errors import ConfigError, CorruptEntry, StoreError
+from kernelcache.keys import family
 from kernelcache.settings import Settings
 from kernelcache.stats.totals import read_key_hits
+from kernelcache.stores.base import Store
 from kernelcache.units import format_size
 
 
 def _key_hits(cache: Cache) -> dict[str, tuple[int, float]]:
     return read_key_hits(cache.stats_dir) if cache.stats_dir is not None else {}
+
+
+def _kind(tier: Store, key: str) -> str | None:
+    """The integration an entry belongs to (``nvcc``, ``jax``, ``inductor``...), from the key
+    record stored with it; ``None`` on a shared tier (one request per entry is too many for a
+    listing) or for an entry stored before records were kept."""
+    if tier.shared:
+        return None
+    try:
+        entry = tier.get(key)  # the command's tiers are read-only: no access time changes
+        record = entry.key_record if entry is not None else None
+    except (StoreError, CorruptEntry):
+        return None  # `kernelcache verify` reports it
+    namespace = record.get("ns") if record is not None else None
+    return family(namespace) if isinstance(namespace, str) else None
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
@@ -34,6 +51,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
             rows.append(
                 {
                     "key": info.key,
+                    "kind": _kind(tier, info.key),
                     "tier": names[id(tier)],
                     "size": info.size,
                     "last_access": info.last_access,
@@ -50,10 +68,11 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     now = time.time()
     print(
         table(
-            ("KEY", "SIZE", "LAST USED", "HITS", "SAVED", "TIER"),
+            ("KEY", "KIND", "SIZE", "LAST USED", "HITS", "SAVED", "TIER"),
             [
                 (
                     r["key"],
+                    r["kind"] or "-",
                     format_size(r["size"]),
                     format_age(now - r["last_access"]) + " ago",
                     r["hits"],
@@ -62,7 +81,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
                 )
                 for r in rows
             ],
-            right=(1, 2, 3, 4),
+            right=(2, 3, 4, 5),
         )
     )
     return 0

@@ -85,6 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("stats", "hits, misses, errors, size and time saved, per tier")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--zero", action="store_true", help="start a new period (lifetime totals stay)")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "openmetrics"),
+        default="table",
+        help="openmetrics: Prometheus text format, lifetime counters per tier and integration",
+    )
+    p.add_argument(
+        "--days",
+        type=_count,
+        nargs="?",
+        const=30,
+        metavar="N",
+        help="seconds saved per day over the last N days (default 30), with a text chart",
+    )
     p = command("ls", "list entries")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
@@ -125,9 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = command("config", "every setting (core, Triton, launcher), its value and its source")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("explain", "why a key missed: its fields against the nearest stored entries")
+    p.add_argument("what", nargs="*", help="a KEY, or -- nvcc ARGS... (a launcher command line)")
+    p.add_argument(
+        "--last-miss", metavar="KIND", help="the last compile of nvcc, nvrtc, triton, ..."
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("doctor", "check this machine's set-up: one line per check, with its fix")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("server", "the nvcc launcher's server of this cache directory")
     p.add_argument("action", choices=("status", "stop"), help="show it, or stop it")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("setup", "make what a tool needs to compile through the cache")
+    p.add_argument("tool", choices=("deepgemm",), help="deepgemm: DG_JIT_NVCC_COMPILER's shim")
+    p.add_argument("--nvcc", help="the nvcc behind it (default: $CUDA_HOME/bin/nvcc, PATH)")
     sub.add_parser("demo", help="run the demonstration (arguments are passed on)")
     sub.add_parser("nvcc", help="compile through the cache: kernelcache nvcc ARGS...")
     return parser
@@ -179,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     from kernelcache.errors import ConfigError, KernelCacheError
 
     try:
+        if args.command == "doctor":  # it reports bad settings: it cannot start by loading them
+            from kernelcache.cli.doctor import cmd_doctor
+
+            return cmd_doctor(args)
         from kernelcache.settings import Settings
 
         settings = Settings.load(dir=args.dir)
@@ -218,4 +247,6 @@ COMMANDS = {
     "export": _lazy("cli.maint", "cmd_export"),
     "import": _lazy("cli.maint", "cmd_import"),
     "server": _lazy("cli.server", "cmd_server"),
+    "explain": _lazy("cli.explain", "cmd_explain"),
+    "setup": _lazy("cli.setup", "cmd_setup"),
 }

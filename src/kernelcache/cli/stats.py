@@ -61,7 +61,20 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     from kernelcache.stats.launcher import launcher_stats
 
     report["nvcc_launcher"] = launcher_stats(settings)
-    if args.json:
+    report["families"] = {
+        name: _complete(totals[name])["families"] for name in ("period", "lifetime")
+    }
+    if args.days is not None:
+        from kernelcache.cli.metrics import day_rows, days_text
+
+        rows = day_rows(totals, args.days, report["nvcc_launcher"])
+        print_json(rows) if args.json else print(days_text(rows))
+        return 0
+    if args.format == "openmetrics":
+        from kernelcache.cli.metrics import openmetrics
+
+        sys.stdout.write(openmetrics(report))
+    elif args.json or args.format == "json":
         print_json(report)
     else:
         print(_stats_text(report))
@@ -79,7 +92,8 @@ def _complete(section: dict[str, Any]) -> dict[str, Any]:
         full["hit_rate"] = full["hits"] / lookups if lookups else None
         tiers[name] = full
     compiles = {field: section["compile"].get(field, 0) for field in COMPILE_FIELDS}
-    return {"since": section["since"], "tiers": tiers, "compile": compiles}
+    families = section.get("families", {})
+    return {"since": section["since"], "tiers": tiers, "compile": compiles, "families": families}
 
 
 #: How the report names (and orders) counters that only some tiers keep; others follow

@@ -203,20 +203,18 @@ def _safe_cache() -> Cache:
 
 
 def _without_unsigned_team_tiers() -> Cache:
-    from kernelcache.inductor.backend import unsigned_team_tiers
+    from kernelcache.bytecache import trusted
 
-    cache = _state.get_cache()
-    unsigned = unsigned_team_tiers(cache)
-    if not unsigned or _trust_unsigned():
-        return cache
+    return trusted(_state.get_cache(), _trust_unsigned(), _refused)
+
+
+def _refused() -> None:
     _state.count("team_refused")
     logger.warning(
         "kernelcache.inductor: not using the team tier without KERNELCACHE_SECRET "
         "(torch.compile entries are code); set the team's secret, or %s=1 to trust it",
         TRUST_UNSIGNED,
     )
-    kept = [tier for tier in cache.tiers if all(tier is not u for u in unsigned)]
-    return Cache(kept, settings=cache.settings)
 
 
 def stats() -> dict[str, int]:

@@ -43,7 +43,7 @@ except ModuleNotFoundError as exc:
 from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
-from kernelcache.ninetoothed import source
+from kernelcache.ninetoothed import outputs, shapes, source
 from kernelcache.ninetoothed.autotune import TunerHooks
 from kernelcache.ninetoothed.handles import MakeMemo
 from kernelcache.ninetoothed.outputs import OutputCache
@@ -67,7 +67,7 @@ __all__ = [
 #: ninetoothed releases the hooks were tested on.
 TESTED = Range("0.24", "0.26")
 TRITON_CACHE_MANAGER = "kernelcache.triton:CacheManager"
-# The upstream names replaced (read from 0.26.0): module -> attribute.
+# The upstream names replaced (read from 0.24.0 to 0.26.0): module -> attribute.
 CACHE_SOURCE = ("ninetoothed.generation", "cache_source")
 DEBUG_CACHE_SOURCE = ("ninetoothed.debugging", "cache_source")  # imported by name there
 MAKE_AOT = ("ninetoothed.make", "aot")  # make() calls aot() through this global
@@ -80,6 +80,12 @@ SEAMS: tuple[Seam, ...] = (
     "ninetoothed.make:make",
     "ninetoothed.build:build",
     f"ninetoothed.auto_tuner:AutoTuner.{GET_TIMINGS}",
+    f"ninetoothed.build:{outputs.GENERATE_SUFFIX}",
+    f"ninetoothed.aot:{outputs.HEADER_PATH}",
+    f"ninetoothed.aot:{outputs.HEADER_CONTENT}",
+    # Where a seam's shape moved (0.24 -> 0.25), either shape (kernelcache.ninetoothed.shapes).
+    (":".join(shapes.LOAD_LAUNCH_FUNC), ":".join(shapes.LOAD_LIBRARY)),
+    (":".join(shapes.ARG_TO_INT), ":".join(shapes.MACROS)),
 )
 COUNTERS = ("make_hits", "make_misses", "output_hits", "output_compiles", "autotune_runs")
 
@@ -102,11 +108,11 @@ def _hook(patches: Patches) -> None:
 
     build_module = importlib.import_module("ninetoothed.build")
     make_module = importlib.import_module(MAKE_AOT[0])
-    outputs = OutputCache(
+    output_cache = OutputCache(
         getattr(make_module, MAKE_AOT[1]), build_module.build, _state.get_cache, _state.count
     )
-    patches.set(make_module, MAKE_AOT[1], outputs.aot)
-    patches.set(_ninetoothed, "build", outputs.build)
+    patches.set(make_module, MAKE_AOT[1], output_cache.aot)
+    patches.set(_ninetoothed, "build", output_cache.build)
 
     memo = MakeMemo(make_module.make)
     _memo[:] = [memo]

@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from kernelcache.autotune import AutotuneCache
+from kernelcache.ninetoothed import shapes
 
-# ninetoothed internals read from 0.26.0.
+# ninetoothed internals read from 0.24.0 to 0.26.0.
 FUNCS = "_funcs"  # AutoTuner: the candidate kernels, in order
 KEYS = "_keys"  # AutoTuner: one str key per candidate (its config)
 ARG_KEY = "_make_arg_key"  # AutoTuner: (args, kwargs) -> "tensor(shape=..., dtype=...), ..."
-LAUNCH_ERROR = "_KernelLaunchError"  # ninetoothed.aot: a candidate that cannot launch
 
 
 class TunerHooks:
@@ -49,15 +49,13 @@ class TunerHooks:
         return float(triton.testing.do_bench(fn))
 
     def get_timings(self, tuner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[float]:
-        import importlib
-
         funcs = getattr(tuner, FUNCS)
         kernel_key = {
             "ninetoothed_candidates": [str(key) for key in getattr(tuner, KEYS)],
             "ninetoothed": _version(),
         }
         problem = str(getattr(type(tuner), ARG_KEY)(args, kwargs))
-        launch_error = getattr(importlib.import_module("ninetoothed.aot"), LAUNCH_ERROR)
+        launch_error = shapes.launch_errors()
 
         def tune() -> tuple[Any, Any]:
             self.count("autotune_runs")

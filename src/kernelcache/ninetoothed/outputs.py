@@ -31,16 +31,16 @@ from kernelcache import _fs, fingerprint, toolchain
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.keys import KeyBuilder
+from kernelcache.ninetoothed import shapes
 from kernelcache.nvcc import key as nvcc_key
 
 NAMESPACE = "kernelcache.ninetoothed.outputs"
 SCHEMA = 1
-# ninetoothed internals used here, read from 0.26.0.
-LOAD_LAUNCH_FUNC = "_load_launch_func"  # ninetoothed.aot: (kernel_name, output_dir) -> launcher
+# ninetoothed internals used here, read from 0.24.0 to 0.26.0 (those whose shape moved
+# are adapted in kernelcache.ninetoothed.shapes).
 HEADER_PATH = "_HEADER_PATH"  # ninetoothed.aot: the shared header every output includes
 HEADER_CONTENT = "_HEADER_CONTENT"
 GENERATE_SUFFIX = "_generate_suffix"  # ninetoothed.build: config values -> kernel name suffix
-ARG_TO_INT = "_arg_to_int"
 _CODE_FILES = ("aot.py", "build.py", "generation.py", "make.py", "jit.py", "tensor.py")
 
 
@@ -202,7 +202,7 @@ class OutputCache:
                 num_warps=num_warps, num_stages=num_stages,
             )  # fmt: skip
 
-        load = getattr(_module("ninetoothed.aot"), LOAD_LAUNCH_FUNC)
+        load = shapes.launch_loader()
         return self._through(key, [name], folder, run, lambda: load(name, folder))
 
     def build(
@@ -227,16 +227,20 @@ class OutputCache:
         if lazy:
             return _Lazy(lambda: self.build(premake, configs, **kwargs))
         key, names = self._build_key(premake, configs, **kwargs)
+        upstream_kwargs = shapes.build_kwargs(self.original_build, **kwargs)
 
         def run() -> Any:
             # Upstream's fingerprint misses edits to the arrangement or application:
             # without kernelcache's entry, never let it take what the folder holds.
             (folder / f"{kernel_name}.fingerprint").unlink(missing_ok=True)
-            return self.original_build(premake, configs, **kwargs)
+            return self.original_build(premake, configs, **upstream_kwargs)
 
-        return self._through(
-            key, names, folder, run, lambda: self.original_build(premake, configs, **kwargs)
-        )
+        def load() -> Any:
+            if shapes.build_reloads():  # upstream finds the restored library itself
+                return self.original_build(premake, configs, **upstream_kwargs)
+            return shapes.launch_loader()(str(kernel_name), folder)
+
+        return self._through(key, names, folder, run, load)
 
     def _build_key(
         self, premake: Any, configs: tuple[Any, ...], **kwargs: Any
@@ -245,15 +249,14 @@ class OutputCache:
 
         build_module = _module("ninetoothed.build")
         suffix = getattr(build_module, GENERATE_SUFFIX)
-        to_int = getattr(build_module, ARG_TO_INT)
         warps, stages = default_configs()
         names, sources = [kwargs["kernel_name"]], []
         for args, config_kwargs, compilation in configs:
-            # The kernel name build._make gives this config (ninetoothed 0.26.0).
+            # The kernel name build._make gives this config.
             bound = inspect.signature(premake).bind(*args, **config_kwargs)
             bound.apply_defaults()
             combination = {f"{n}_": v for n, v in bound.arguments.items()} | dict(compilation)
-            name = f"{kwargs['kernel_name']}_{suffix([to_int(v) for v in combination.values()])}"
+            name = f"{kwargs['kernel_name']}_{suffix([shapes.name_value(v) for v in combination.values()])}"
             arrangement, application, tensors = premake(*args, **config_kwargs)
             sources.append(
                 application_source(

@@ -15,8 +15,10 @@ Path normalisation: relative paths are kept as written (they are relative to
 the working directory already, so a copy of a project gives the same key).
 Absolute paths are kept as written by default, because nvcc puts them into
 outputs (``__FILE__``, debug info); with ``KERNELCACHE_BASEDIR=<dir>``
-absolute paths under that directory are keyed relative to it (see the README
-for exactly when two checkouts then share entries).
+absolute paths under that directory are keyed relative to it (see docs/nvcc.md
+for exactly when two checkouts then share entries). Without it, a ``-cubin`` or
+``-ptx`` compile is keyed relative to its source's folder where that folder
+cannot change the output (:func:`kernelcache.nvcc.key.portable_folder`).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class Invocation:
         self.debug = False
         self.forward = False
         self.unknown: list[str] = []
-        self.includes: list[tuple[str, str]] = []  # ("include" | "isystem", dir), in order
+        # ("include" | "isystem" | "quote", dir), ("pre", header) or ("unsure", option), in order
+        self.includes: list[tuple[str, str]] = []
         self.keyed: list[list[str | None]] = []
         self.reason: str | None = None
 
@@ -192,6 +195,8 @@ def _apply(
         inv.forward = inv.forward or role == "forward"
         if name == "--compiler-options":
             _host_options(inv, (value or "").split(","), 0)
+    elif role == "neutral":
+        return  # nvcc's own check still runs: a bad value fails the compile, uncached
     elif role.startswith("uncacheable:"):
         inv.refuse(role.split(":", 1)[1])
     elif role.startswith("mode:"):
@@ -219,6 +224,8 @@ def _apply(
         paths = (value or "").split(",")
         if role in ("include", "isystem"):
             inv.includes += [(role, p) for p in paths if p]
+        elif name == "--pre-include":
+            inv.includes += [("pre", p) for p in paths if p]
         inv.keyed.append([name, ",".join(normalize_path(p, basedir) for p in paths)])
 
 
@@ -232,12 +239,19 @@ def _check_unknown(inv: Invocation) -> None:
     _host_options(inv, inv.unknown, 0)
 
 
-#: Host options that add to the preprocessor's search path (failed lookups are watched there).
+#: Host options that add to the preprocessor's search path (failed lookups are watched
+#: there), or name a header it looks up along it (``-include``), or search folders the
+#: scanner does not model (issue 40).
 _HOST_SEARCH = {
     "-I": "include",
-    "-iquote": "include",
+    "-iquote": "quote",
     "-isystem": "isystem",
     "-idirafter": "isystem",
+    "-include": "pre",
+    "-imacros": "pre",
+    "-iprefix": "unsure",
+    "-iwithprefix": "unsure",
+    "-iwithprefixbefore": "unsure",
 }
 
 
@@ -247,8 +261,9 @@ def _host_options(inv: Invocation, tokens: list[str], depth: int) -> None:
     Refused: what :data:`HOST_UNCACHEABLE` names. A gcc response file
     (``@file``) is read, recursively, and its content keyed, or the call
     refused when it cannot be read. ``-I``-like options join the search
-    path that failed lookups are watched on; ``-include`` files are in the
-    dependency list nvcc writes, so their content is keyed there.
+    path that failed lookups are watched on; ``-include`` and ``-imacros``
+    files are in the dependency list nvcc writes, so their content is keyed
+    there, and their lookup is watched like an ``#include "..."``'s.
     """
     expects: str | None = None
     for token in tokens:
@@ -262,11 +277,14 @@ def _host_options(inv: Invocation, tokens: list[str], depth: int) -> None:
         elif token.startswith("-g") and not token.startswith("-gno") and token != "-g0":
             inv.debug = True  # -g3, -ggdb, -gdwarf-4: host debug info names the directory
         else:
-            flag = next((f for f in _HOST_SEARCH if token.startswith(f)), None)
+            flag = max((f for f in _HOST_SEARCH if token.startswith(f)), key=len, default=None)
             if flag is not None and token == flag:
                 expects = _HOST_SEARCH[flag]
             elif flag is not None:
                 inv.includes.append((_HOST_SEARCH[flag], token[len(flag) :]))
+    if expects is not None:
+        # Its folder is in the next -Xcompiler's list: not followed, so not modelled.
+        inv.includes.append(("unsure", tokens[-1]))
 
 
 def _response_file(inv: Invocation, name: str, depth: int) -> None:

@@ -203,7 +203,9 @@ def lookup(settings: Settings, cache: Cache, job: Job, fields: list[bytes]) -> l
         if restored is not None:
             result, outcome = restored
             outcome.record(settings)
-            return [b"hit", b"0", result["stdout"], result["stderr"]]
+            from kernelcache.nvcc.outputs import messages
+
+            return [b"hit", b"0", *messages(result, job.basedir)]
     # A miss: compiled with --keep, as a first compile is; its kept files give the same key.
     return _compile_plan(job)
 

@@ -217,15 +217,23 @@ def _digest(path: str, st: os.stat_result) -> str:
 
 
 def add_variant(
-    variants: list[dict[str, Any]], rows: list[list[Any]], absent: list[list[Any]], result: str
+    variants: list[dict[str, Any]],
+    rows: list[list[Any]],
+    absent: list[list[Any]],
+    result: str,
+    folder: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``variants`` with this one first and older ones with the same dependencies dropped."""
+    """``variants`` with this one first and older ones with the same dependencies (and
+    ``folder``: a result for one source folder only, :mod:`kernelcache.nvcc.key`) dropped."""
 
-    def contents(v_rows: Any) -> list[list[Any]]:
-        return [list(row[:2]) for row in v_rows]
+    def contents(variant: dict[str, Any]) -> tuple[list[list[Any]], Any]:
+        return [list(row[:2]) for row in variant.get("deps", [])], variant.get("folder")
 
-    kept = [v for v in variants if contents(v.get("deps", [])) != contents(rows)]
-    return [{"deps": rows, "absent": absent, "result": result}, *kept][:MAX_VARIANTS]
+    new: dict[str, Any] = {"deps": rows, "absent": absent, "result": result}
+    if folder is not None:
+        new["folder"] = folder
+    kept = [v for v in variants if contents(v) != contents(new)]
+    return [new, *kept][:MAX_VARIANTS]
 
 
 def variants(manifest: Entry | None) -> list[dict[str, Any]]:

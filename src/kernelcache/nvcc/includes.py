@@ -4,18 +4,22 @@
 preprocessor looked for ``a/inc.h`` first and did not find it; creating
 ``a/inc.h`` later changes the compile although no dependency changed (ccache
 has this bug). After a miss, every ``#include``, ``#include_next`` and
-``__has_include`` of every dependency is resolved along the user's search
-path (the including file's directory for quoted names, then ``-I``,
-``CPATH``, ``-isystem``, as gcc does) and the candidates before the one that
-exists are recorded as *absent*. A lookup re-checks them: one ``stat`` per
-directory that holds candidates while that directory is unchanged, and a
-``stat`` per candidate once it changed. Directories nvcc and gcc add
-themselves (the toolkit's and the system's) are not watched: a header
-appearing there is a toolchain change. The directives are read by
-:mod:`kernelcache.directives`; a dependency it cannot read exactly (a
-computed ``#include MACRO``, ``__has_include(MACRO)``, ...) raises
-:class:`Unsure`, and the result is then found by its preprocessed key only,
-never through the manifest (issue 19).
+``__has_include`` of every dependency, and every pre-included header
+(``-include``, ``-imacros``, ``--pre-include``, nvcc's own ``cuda_runtime.h``),
+is looked up in every folder the compiler may search for it (the including
+file's folder and ``-iquote`` for quoted names, the working directory for
+pre-includes, ``-I``, ``CPATH``, ``-isystem``, ``-idirafter``), and the
+candidates that do not exist are recorded as *absent* (:func:`absent`). A
+lookup re-checks them: one ``stat`` per directory that holds candidates while
+that directory is unchanged, and a ``stat`` per candidate once it changed.
+Directories nvcc and gcc add themselves (the toolkit's and the system's) are
+not watched: a header appearing there is a toolchain change. The directives
+are read by :mod:`kernelcache.directives`; a dependency it cannot read exactly
+(a computed ``#include MACRO``, ``__has_include(MACRO)``, ...) or a search
+option the scanner does not model (``-iwithprefix``, a sysroot-relative
+folder, ``INCLUDES`` for ``nvcc.profile``) raises :class:`Unsure`, and the
+result is then found by its preprocessed key only, never through the
+manifest (issues 19, 40).
 
 *Time macros.* A dependency that mentions ``__TIME__``, ``__DATE__`` or
 ``__TIMESTAMP__`` makes the result depend on the clock: it is not cached
@@ -77,12 +81,65 @@ def time_macro(contents: Mapping[str, bytes]) -> str | None:
     return None
 
 
-def search_path(inv: Invocation, env: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """``(-I dirs then CPATH, -isystem dirs)`` of this call, in gcc's order."""
-    include = [d for kind, d in inv.includes if kind == "include"]
-    include += [d or "." for d in env.get("CPATH", "").split(os.pathsep) if env.get("CPATH")]
-    system = [d for kind, d in inv.includes if kind == "isystem"]
-    return include, system
+#: nvcc pre-includes this header in every CUDA compile (``-include "cuda_runtime.h"``
+#: in its ``--dryrun``, 13.0), looked up as any ``-include`` is.
+NVCC_PRE_INCLUDE = "cuda_runtime.h"
+#: Variables of ``nvcc.profile`` that put search folders where the scanner does not see them.
+_PROFILE_SEARCH = ("INCLUDES", "SYSTEM_INCLUDES")
+
+
+class SearchPath:
+    """Where a compile's preprocessor looks for headers, as sets of folders.
+
+    ``quote`` holds the folders only ``#include "..."`` searches (``-iquote``),
+    ``both`` those every lookup searches (``-I``, ``CPATH``, ``-isystem``,
+    ``-idirafter``, ``C(PLUS)_INCLUDE_PATH``), ``pre`` the headers named by
+    ``-include``/``-imacros``/``--pre-include``; ``unsure`` says why the
+    lookups cannot be modelled (:class:`Unsure` at the scan).
+    """
+
+    __slots__ = ("both", "pre", "quote", "unsure")
+
+    def __init__(
+        self, quote: list[str], both: list[str], pre: list[str], unsure: str | None
+    ) -> None:
+        self.quote, self.both, self.pre, self.unsure = quote, both, pre, unsure
+
+
+def search_path(inv: Invocation, env: Mapping[str, str]) -> SearchPath:
+    """The folders and pre-included headers of this call (see :class:`SearchPath`)."""
+    quote: list[str] = []
+    both: list[str] = []
+    pre = [NVCC_PRE_INCLUDE]
+    unsure = None
+    for kind, value in inv.includes:
+        if kind == "pre":
+            pre.append(value)
+        elif kind == "unsure":
+            unsure = unsure or f"a host search option the scanner does not model ({value})"
+        elif value.startswith(("=", "$SYSROOT")):
+            unsure = unsure or f"a search folder relative to the sysroot ({value})"
+        else:
+            (quote if kind == "quote" else both).append(value)
+    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
+        if env.get(name):
+            both += [d or "." for d in env[name].split(os.pathsep)]
+    for name in _PROFILE_SEARCH:
+        if _names_folders(env.get(name, "")):
+            unsure = unsure or f"{name} names search folders or headers (nvcc.profile adds them)"
+    return SearchPath(quote, both, pre, unsure)
+
+
+def _names_folders(value: str) -> bool:
+    """Whether a profile variable's value may add search folders or pre-includes: any
+    option but a ``-D``/``-U`` (``-DEXTRA=1`` changes no lookup). Unreadable: it may."""
+    import shlex
+
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        return True
+    return any(not word.startswith(("-D", "-U")) for word in words)
 
 
 def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
@@ -93,38 +150,57 @@ def _directives(path: str, data: bytes) -> tuple[tuple[bool, bool, str], ...]:
     return found.includes
 
 
-def absent(
-    contents: Mapping[str, bytes], user_dirs: Sequence[str], started_ns: int
-) -> list[str] | None:
-    """Paths the preprocessor looked for and did not find (see the module docstring).
+def absent(contents: Mapping[str, bytes], search: SearchPath, started_ns: int) -> list[str] | None:
+    """Paths the preprocessor may have looked for and did not find (see the module docstring).
 
-    ``None`` when a candidate appeared during the compile (the result is then
-    not cached: the compile may or may not have seen it). Raises
-    :class:`Unsure` when a dependency's directives cannot be read exactly.
+    Every folder a lookup may search is tried, not only those before the one
+    that holds the header: gcc's order (``-iquote`` first, host options before
+    nvcc's, ``-isystem`` after ``-I``, ``-idirafter`` last, duplicates and
+    system folders dropped from ``-I``, ``#include_next`` starting after the
+    includer's folder, ``-include`` from the working directory) then needs no
+    modelling, and a header created anywhere along it is a miss (issue 40).
+    Creating one after the header found costs a needless compile, never a
+    stale hit. ``None`` when a candidate appeared during the compile (the
+    result is then not cached: the compile may or may not have seen it).
+    Raises :class:`Unsure` when the search or a dependency's directives cannot
+    be read exactly.
     """
+    if search.unsure is not None:
+        raise Unsure(search.unsure)
     deps = {os.path.normpath(p) for p in contents}
-    dirs = [os.path.normpath(d) for d in user_dirs]
+    angled = list(dict.fromkeys(os.path.normpath(d) for d in search.both))
+    quoted = list(dict.fromkeys([*(os.path.normpath(d) for d in search.quote), *angled]))
     out: dict[str, None] = {}
+    seen: set[str] = set()
+
+    def look(chain: Sequence[str], name: str) -> bool:
+        if os.path.isabs(name):
+            return True  # an absolute name is found or not: a dependency either way
+        for d in chain:
+            candidate = _physical(os.path.join(d, name))
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            try:
+                st = os.stat(candidate)
+            except OSError:
+                out[candidate] = None
+                continue
+            if candidate not in deps and max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns:
+                return False  # appeared during the compile: did it see it?
+        return True
+
+    # -include and -imacros: the working directory, then the quoted chain (gcc's cpp docs).
+    for name in search.pre:
+        if not look([".", *quoted], name):
+            return None
     for path, data in contents.items():
         here = os.path.normpath(os.path.dirname(path) or ".")
-        found_in = next((i for i, d in enumerate(dirs) if here == d), None)
-        for quoted, nxt, name in _directives(path, data):
-            if os.path.isabs(name):
-                continue
-            if nxt:
-                chain = dirs[found_in + 1 :] if found_in is not None else []
-            else:
-                chain = ([here] if quoted else []) + dirs
-            for d in chain:
-                candidate = _physical(os.path.join(d, name))
-                try:
-                    st = os.stat(candidate)
-                except OSError:
-                    out[candidate] = None
-                    continue
-                if candidate not in deps and max(st.st_mtime_ns, st.st_ctime_ns) >= started_ns:
-                    return None  # appeared during the compile: which one did it see?
-                break  # found here: later directories were not searched
+        for is_quoted, _next, name in _directives(path, data):
+            # #include_next searches on from the includer's folder, and is an #include in
+            # the main source: every folder of the chain covers both.
+            if not look([here, *quoted] if is_quoted else angled, name):
+                return None
     return list(out)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from kernelcache.nvcc import deps as nvcc_deps
 from kernelcache.nvcc import includes
 from kernelcache.nvcc import key as nvcc_key
-from kernelcache.nvcc.args import Invocation, basedir_of
+from kernelcache.nvcc.args import Invocation, basedir_of, parse
 from kernelcache.stats.launcher import count
 
 if TYPE_CHECKING:
@@ -49,15 +49,33 @@ class Outcome:
 class Job:
     """A cacheable call, ready to look up. :meth:`prepare` reads the source and the toolchain."""
 
-    __slots__ = ("args", "basedir", "command", "direct", "env", "inv", "nvcc", "sloppy")
+    __slots__ = (
+        "args",
+        "basedir",
+        "command",
+        "direct",
+        "env",
+        "folder",
+        "inv",
+        "nvcc",
+        "sloppy",
+    )
 
     def __init__(
-        self, nvcc: str, inv: Invocation, env: Mapping[str, str], command: str, direct: str
+        self,
+        nvcc: str,
+        inv: Invocation,
+        env: Mapping[str, str],
+        command: str,
+        direct: str,
+        folder: str | None = None,
     ) -> None:
         self.nvcc, self.inv, self.args, self.env = nvcc, inv, inv.args, env
         self.command, self.direct = command, direct
         self.basedir = basedir_of(dict(env))
         self.sloppy = nvcc_key.sloppiness(env)
+        #: The source's folder when the keys leave it out (:func:`nvcc_key.portable_folder`).
+        self.folder = folder
 
     @classmethod
     def prepare(
@@ -68,20 +86,28 @@ class Job:
         known: nvcc_key.Identities | None = None,
     ) -> Job:
         """Raises ``OSError`` when the source cannot be read, ``ValueError`` on a bad setting."""
+        from kernelcache.nvcc import flight
+
+        flight.timeout(env)  # a bad setting is said before any work (ValueError)
         with open(inv.source or "", "rb") as f:
             source = f.read()
+        folder = nvcc_key.portable_folder(inv, env)
+        if folder is not None:  # keyed relative to the folder, as KERNELCACHE_BASEDIR keys
+            env = {**env, "KERNELCACHE_BASEDIR": folder}
+            inv = parse(inv.args, env)
         command = nvcc_key.command_key(nvcc, inv, env, known)
-        return cls(nvcc, inv, env, command, nvcc_key.direct_key(command, source))
+        return cls(nvcc, inv, env, command, nvcc_key.direct_key(command, source), folder)
 
-    def user_dirs(self) -> list[str]:
-        include, system = includes.search_path(self.inv, self.env)
-        return include + system
+    def search_path(self) -> includes.SearchPath:
+        return includes.search_path(self.inv, self.env)
 
 
 def lookup(get: Callable[[str], Entry | None], job: Job) -> tuple[Entry, Entry] | None:
     """``(manifest, result)`` of the variant whose dependencies are unchanged, or ``None``."""
     manifest = get(job.direct)
     for variant in nvcc_deps.variants(manifest):
+        if variant.get("folder", job.folder) != job.folder:
+            continue  # a result that names another folder (nvcc_key.names_folder)
         if nvcc_deps.matches(variant.get("deps", []), job.basedir) and includes.still_absent(
             variant.get("absent", []), job.basedir
         ):

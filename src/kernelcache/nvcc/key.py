@@ -90,6 +90,51 @@ def host_compiler(inv: Invocation, env: Mapping[str, str]) -> str | None:
     return value if os.sep in value else which(value, env)
 
 
+#: Modes whose output is device code alone, uncompressed: what it holds of the
+#: source's folder can be read in it (a -c object's host code, a compressed fatbin cannot).
+_PORTABLE_MODES = ("cubin", "ptx")
+
+
+def portable_folder(inv: Invocation, env: Mapping[str, str]) -> str | None:
+    """The source's folder when the keys may leave it out, else ``None`` (issue 37).
+
+    DeepGEMM compiles each kernel as ``<cache>/tmp/<new uuid>/kernel.cu``: with
+    the folder in the key, every rank and every run missed. Left out (keyed
+    as a base directory, :func:`kernelcache.nvcc.args.normalize_path`) for a
+    ``-cubin`` or ``-ptx`` compile of a source named by its absolute path,
+    without debug info (``-g``, ``-G``, ``-lineinfo``: they name the folder)
+    and without ``KERNELCACHE_BASEDIR`` (the user's choice stands). Whether the
+    output then names the folder after all (``__FILE__``, ``__builtin_FILE``,
+    ``source_location``, or the module id nvcc derives from the path for
+    internal device symbols) is read in the output itself (:func:`names_folder`):
+    such a result is stored for its folder alone.
+    """
+    source = inv.source or ""
+    if inv.mode not in _PORTABLE_MODES or inv.debug or not os.path.isabs(source):
+        return None
+    if env.get("KERNELCACHE_BASEDIR"):
+        return None
+    folder = os.path.dirname(os.path.normpath(source))
+    return folder if folder != os.sep else None
+
+
+#: What nvcc derives from the source's path for internal-linkage device symbols
+#: (``_ZN37_INTERNAL_7c146bb4_9_kernel_cu_...``: the hash changes with the folder).
+_PATH_DERIVED = (b"_INTERNAL_", b"_GLOBAL__N_")
+
+
+def names_folder(output: bytes, folder: str) -> bool:
+    """Whether a device-code output depends on its source's ``folder`` (see :func:`portable_folder`)."""
+    return os.fsencode(folder) in output or any(mark in output for mark in _PATH_DERIVED)
+
+
+def pinned_key(key: str, folder: str) -> str:
+    """Where a result that names its source's ``folder`` is stored: ``key``, for that folder only."""
+    from kernelcache.keys import KeyBuilder
+
+    return KeyBuilder("kernelcache.nvcc.pinned").add("key", key).add("folder", folder).hexdigest()
+
+
 def names_directory(inv: Invocation, env: Mapping[str, str]) -> bool:
     """Whether the working directory is keyed: debug info names it, unless hash_dir is off."""
     hash_dir = flag(env, "KERNELCACHE_HASH_DIR", True)  # checked always: a typo must show

@@ -39,7 +39,7 @@ if __name__ == "__main__":
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import ENV_VARS, host_compiler, resolve_compiler
-from kernelcache.nvcc.outputs import replay, write_outputs
+from kernelcache.nvcc.outputs import messages, replay, write_outputs
 from kernelcache.stats.launcher import STATS_FILE, launcher_stats, stats_path
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome |
     with cache:
         hit = lookup(cache.get, job)
         if hit is not None and write_outputs(inv, hit[1], job.basedir):
-            replay(hit[1]["stdout"], hit[1]["stderr"])
+            replay(*messages(hit[1], job.basedir))
             return 0, Outcome("hits", saved=saved_seconds(hit[1]))
         from kernelcache.nvcc import miss
 

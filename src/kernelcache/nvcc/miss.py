@@ -27,11 +27,19 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from kernelcache.explain import note_inputs
 from kernelcache.nvcc import deps as nvcc_deps
 from kernelcache.nvcc import includes
 from kernelcache.nvcc import key as nvcc_key
-from kernelcache.nvcc.job import Job, Outcome, saved_seconds
-from kernelcache.nvcc.outputs import pack_output, replay, write_outputs
+from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
+from kernelcache.nvcc.outputs import (
+    MESSAGES_META,
+    messages,
+    pack_output,
+    replay,
+    stored_messages,
+    write_outputs,
+)
 
 if TYPE_CHECKING:
     from typing import Any
@@ -45,7 +53,22 @@ DEPS_META = "deps"
 
 
 def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
-    """The exit code and outcome of a call whose direct lookup missed."""
+    """The exit code and outcome of a call whose direct lookup missed.
+
+    Run under the command's flight claim (:mod:`kernelcache.nvcc.flight`): a
+    caller that waited for another's compile finds its result here.
+    """
+    from kernelcache.nvcc import flight
+
+    with flight.claim(cache, job.direct, job.env):
+        hit = lookup(cache.get, job)
+        if hit is not None and write_outputs(job.inv, hit[1], job.basedir):
+            replay(*messages(hit[1], job.basedir))
+            return 0, Outcome("hits", saved=saved_seconds(hit[1]), detail="flight_hits")
+        return _handle(cache, job)
+
+
+def _handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
     started = time.time_ns()  # before preprocessing: an edit after it is a race
     pre = None
     if nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
@@ -63,7 +86,7 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
         restored = preprocessed_lookup(cache, job, pre, started)
         if restored is not None:
             result, outcome = restored
-            replay(result["stdout"], result["stderr"])
+            replay(*messages(result, job.basedir))
             return 0, outcome
     return _compile(cache, job, pre, started)
 
@@ -202,7 +225,7 @@ def _record(paths: list[str], job: Job, started: int) -> tuple[Any, Any] | str:
         if why is not None:
             return f"uses {why.split(' in ', 1)[0]}"
     try:
-        absent = includes.absent(contents, job.user_dirs(), started)
+        absent = includes.absent(contents, job.search_path(), started)
     except includes.Unsure:
         return rows, None  # only the preprocessed key can find this result
     if absent is None:
@@ -246,31 +269,41 @@ def _store(
         return "include directives the scanner cannot follow, and no preprocessed key"
     stored, encoding = pack_output(output)
     stdout, stderr, elapsed = run
+    folder = job.folder if job.folder and nvcc_key.names_folder(output, job.folder) else None
+    shared = job.folder is not None and folder is None  # served in other folders too
+    stdout, stderr = stored_messages(stdout, stderr, job.folder if shared else None)
     artifacts = {"output": stored, "stdout": stdout, "stderr": stderr}
     if user_dep is not None:
         body = user_dep if inv.deptarget else nvcc_deps.strip_target(user_dep, inv.target)
         if body is None:
             return "dependency file does not start with the output name"
         artifacts["depfile"] = nvcc_deps.to_stored(body, job.basedir)
-    meta = {
+    meta: dict[str, object] = {
         "compile_seconds": round(elapsed, 6),
         "explicit_target": inv.deptarget,
         DEPS_META: [row[0] for row in recorded[0]],
         **encoding,
     }
+    if shared:
+        meta[MESSAGES_META] = True
     result = pre if pre is not None else nvcc_key.result_key(job.direct, recorded[0])
+    if folder is not None:  # served in this folder only, never under the shared keys
+        result, meta["folder"] = nvcc_key.pinned_key(result, folder), folder
+    note_inputs(result, {row[0]: row[1] for row in recorded[0]}, covers=("preprocessed", "deps"))
     cache.put(result, Entry(artifacts, meta))
     if recorded[1] is not None:
-        _add_variant(cache, job, recorded, result)
+        _add_variant(cache, job, recorded, result, folder)
     return None
 
 
-def _add_variant(cache: Cache, job: Job, recorded: tuple[Any, Any], result: str) -> None:
+def _add_variant(
+    cache: Cache, job: Job, recorded: tuple[Any, Any], result: str, folder: str | None = None
+) -> None:
     from kernelcache.entry import Entry
 
     rows, absent = recorded
     known = nvcc_deps.variants(cache.get(job.direct))
-    variants = nvcc_deps.add_variant(known, rows, absent, result)
+    variants = nvcc_deps.add_variant(known, rows, absent, result, folder)
     cache.put(job.direct, Entry({nvcc_deps.MANIFEST: json.dumps(variants).encode()}))
 
 

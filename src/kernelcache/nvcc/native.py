@@ -43,6 +43,15 @@ with plain nvcc. Opening a planted FIFO could still block the front: that
 costs a build its progress, not its safety, and needs a directory others
 can write, which the launcher warns about on every call.
 
+Built once per user and machine, not once per cache directory (issue 40: a
+fresh CI runner's first build into an empty cache directory paid for it):
+the server builds it into a per-user folder shared by every cache directory
+(:func:`shared_dir`: ``KERNELCACHE_CLIENT_DIR``, else
+``$XDG_CACHE_HOME/kernelcache-clients``, else ``~/.cache/kernelcache-clients``;
+held to the same trust rule), and a cache directory gets a hard link to it
+(a copy across file systems), checked and marked as above. The compiler runs
+at the lowest priority (``nice``), beside the build that started the server.
+
 A failed build is logged in ``launcher.log``, counted
 (``compiled_client_failed`` in the launcher statistics) and remembered in
 ``<name>.failed`` with the compiler's output: it is not tried again for this
@@ -72,6 +81,8 @@ from kernelcache.nvcc.client import PROTOCOL
 PREFIX = "launcher-client-"
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.c")
 ENV = "KERNELCACHE_COMPILED_CLIENT"
+#: The per-user folder every cache directory's client comes from (:func:`shared_dir`).
+SHARED_ENV = "KERNELCACHE_CLIENT_DIR"
 COMPILERS = ("cc", "gcc")
 #: Static first (no C library to match at run time, and no loader: faster too).
 FLAG_SETS = (("-O2", "-static"), ("-O2",))
@@ -105,6 +116,7 @@ __all__ = [
     "marked",
     "platform_tag",
     "prune",
+    "shared_dir",
     "source_hash",
     "start",
     "wanted",
@@ -210,18 +222,59 @@ def start(directory: str, environ: Mapping[str, str]) -> threading.Thread | None
     if os.path.exists(path + ".failed"):
         _log(f"the compiled client is not built again until {path}.failed is removed")
         return None
+    shared = shared_dir(environ)
+    if shared is not None:
+        prune(shared, name, time.time())
     compiler = next(filter(None, (shutil.which(c) for c in COMPILERS)), None)
-    if compiler is None and not os.path.lexists(path):
+    if compiler is None and not os.path.lexists(path) and not _has(shared, name):
         _log(f"no C compiler ({', '.join(COMPILERS)}) on PATH: the Python client serves")
         return None
-    thread = threading.Thread(target=ensure, args=(directory, name, compiler, boot), daemon=True)
+    args = (directory, name, compiler, boot, shared)
+    thread = threading.Thread(target=ensure, args=args, daemon=True)
     thread.start()
     return thread
 
 
-def ensure(directory: str, name: str, compiler: str | None, boot: str) -> bool:
+def shared_dir(environ: Mapping[str, str]) -> str | None:
+    """The per-user folder clients are built in once (see the module docstring), made if
+    missing; ``None`` when ``environ`` names none or it fails the trust rule."""
+    from kernelcache import _trust
+
+    folder = environ.get(SHARED_ENV, "")
+    if not folder:
+        xdg, home = environ.get("XDG_CACHE_HOME", ""), environ.get("HOME", "")
+        base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache") if home else ""
+        if not base:
+            return None
+        folder = os.path.join(base, "kernelcache-clients")
+    folder = os.path.abspath(folder)
+    try:
+        fd = _trust.open_dir(folder, allow_root=False, create=True)
+    except (_trust.UntrustedDirectory, OSError) as exc:
+        _log(f"no shared folder for the compiled client ({exc}): built per cache directory")
+        return None
+    if fd is None:  # pragma: no cover - create=True makes it
+        return None
+    os.close(fd)
+    return folder
+
+
+def _has(folder: str | None, name: str) -> bool:
+    return folder is not None and os.path.lexists(os.path.join(folder, name))
+
+
+def ensure(
+    directory: str,
+    name: str,
+    compiler: str | None,
+    boot: str,
+    shared: str | None = None,
+    counts: str | None = None,
+) -> bool:
     """Mark ``name`` if it runs here; otherwise (a binary of a same-named machine that cannot
-    start here, a damaged one) remove it and build it again (issue 19)."""
+    start here, a damaged one) remove it and take it from ``shared``, building it there
+    first if needed (without ``shared``: build it in ``directory``; issues 19, 40).
+    ``counts``: the cache directory whose statistics count a build (``directory``'s own)."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):
         if check(directory, name, boot):
@@ -229,7 +282,33 @@ def ensure(directory: str, name: str, compiler: str | None, boot: str) -> bool:
         _log(f"{path} does not run on this machine: it is built again")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-    return compiler is not None and build(directory, name, compiler)
+    if shared is not None and os.path.realpath(shared) != os.path.realpath(directory):
+        if os.path.exists(os.path.join(shared, name + ".failed")):
+            _log(f"the compiled client is not built again until {shared}/{name}.failed is removed")
+            return False
+        ready = marked(shared, name, boot) or ensure(shared, name, compiler, boot, counts=directory)
+        return ready and _adopt(shared, directory, name) and check(directory, name, boot)
+    return compiler is not None and build(directory, name, compiler, counts=counts)
+
+
+def _adopt(shared: str, directory: str, name: str) -> bool:
+    """Put ``shared/name`` into ``directory`` under its name: a hard link to the same file
+    (its mode and owner come along), or a copy across file systems."""
+    source, temp = os.path.join(shared, name), os.path.join(directory, f"{name}.tmp.{_fs.unique()}")
+    try:
+        try:
+            os.link(source, temp)
+        except OSError:
+            shutil.copyfile(source, temp)  # another file system, or no hard links there
+            os.chmod(temp, MODE)
+        os.rename(temp, os.path.join(directory, name))
+    except OSError as exc:
+        _log(f"could not take the compiled client from {shared}: {exc}")
+        return False
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+    return True
 
 
 def check(directory: str, name: str, boot: str | None = None) -> bool:
@@ -301,39 +380,46 @@ def _build_env() -> dict[str, str]:
     return env
 
 
-def build(directory: str, name: str, compiler: str) -> bool:
-    """Compile, check, install and mark ``directory/name``; on failure log, count and remember it."""
+def build(directory: str, name: str, compiler: str, counts: str | None = None) -> bool:
+    """Compile, check, install and mark ``directory/name``; on failure log, count (into
+    ``counts``, else ``directory``) and remember it."""
     path = os.path.join(directory, name)
+    counts = counts or directory
     temp = f"{path}.tmp.{_fs.unique()}"
     env = _build_env()
     log: list[str] = []
     try:
         for flags in FLAG_SETS:
             cmd = [compiler, *flags, "-o", temp, SOURCE]
-            done = _step(cmd, env, directory)
+            done = _step([*_NICE, *cmd], env, directory)
             log.append(f"$ {' '.join(cmd)}\n{done.stdout}")
             if done.returncode == 0:
                 break
         else:
-            return _failed(directory, name, log)
+            return _failed(directory, name, log, counts)
         check = _step([temp, "--protocol"], env, directory)
         if check.returncode != 0 or check.stdout.strip() != PROTOCOL.decode():
             log.append(f"$ {temp} --protocol\nexit {check.returncode}: {check.stdout!r}")
-            return _failed(directory, name, log)
+            return _failed(directory, name, log, counts)
         os.chmod(temp, MODE)
         os.rename(temp, path)
     except (OSError, subprocess.SubprocessError) as exc:
         log.append(f"{type(exc).__name__}: {exc}")
-        return _failed(directory, name, log)
+        return _failed(directory, name, log, counts)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-    _count(directory, "compiled_client_built")
+    _count(counts, "compiled_client_built")
     _log(f"built {path} ({' '.join(flags)})")
     boot = boot_id()
     if boot is not None:
         _mark(directory, name, boot)
     return True
+
+
+#: The build runs beside the build that started the server (a first miss's nvcc): last.
+_NICE_PATH = shutil.which("nice")
+_NICE = (_NICE_PATH, "-n", "19") if _NICE_PATH else ()
 
 
 def _step(cmd: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess[str]:
@@ -351,12 +437,12 @@ def _step(cmd: list[str], env: dict[str, str], cwd: str) -> subprocess.Completed
     )
 
 
-def _failed(directory: str, name: str, log: list[str]) -> bool:
+def _failed(directory: str, name: str, log: list[str], counts: str) -> bool:
     note = os.path.join(directory, name + ".failed")
     text = "\n".join(log)[-16384:]
     with contextlib.suppress(OSError):
         _fs.write_atomic(note, text.encode(), mode=0o600)
-    _count(directory, "compiled_client_failed")
+    _count(counts, "compiled_client_failed")
     _log(f"could not build the compiled client, the Python client serves:\n{text}")
     return False
 

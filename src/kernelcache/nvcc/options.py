@@ -11,7 +11,8 @@ from __future__ import annotations
 
 # Roles: None (keyed verbatim), "mode:<m>", "uncacheable:<why>", "output",
 # "odir", "depmode", "depfile", "deptarget", "path", "include", "isystem",
-# "optfile", "ccbin", "debug", "forward".
+# "optfile", "ccbin", "debug", "forward", "neutral" (checked by nvcc, not keyed: the
+# output is the same whatever its value).
 FLAG, VALUE = "flag", "value"
 _F, _V = FLAG, VALUE
 _U = "uncacheable:"
@@ -86,6 +87,8 @@ OPTIONS: dict[str, tuple[str, str, str | None]] = {
     "--archive-options": ("-Xarchive", _V, None),
     "--ptxas-options": ("-Xptxas", _V, None),
     "--nvlink-options": ("-Xnvlink", _V, None),
+    # Not in nvcc 13.0's --help, but accepted (FlashInfer passes -Xfatbin=-compress-all).
+    "--fatbin-options": ("-Xfatbin", _V, None),
     "--static-global-template-stub": ("-static-global-template-stub", _V, None),
     "--device-entity-has-hidden-visibility": ("-device-entity-has-hidden-visibility", _V, None),
     "--forward-unknown-to-host-compiler": ("-forward-unknown-to-host-compiler", _F, "forward"),
@@ -94,7 +97,8 @@ OPTIONS: dict[str, tuple[str, str, str | None]] = {
     "--dont-use-profile": ("-noprof", _F, None),
     "--dryrun": ("-dryrun", _F, _U + "--dryrun"),
     "--verbose": ("-v", _F, _U + "--verbose describes this very run"),
-    "--threads": ("-t", _V, None),
+    # Checked: the same fatbin with -t 0, 1 and 4 (nvcc 13.0, two architectures).
+    "--threads": ("-t", _V, "neutral"),
     "--split-compile": ("-split-compile", _V, None),
     "--split-compile-extended": ("-split-compile-extended", _V, None),
     "--fdevice-syntax-only": ("-fdevice-syntax-only", _F, None),

@@ -82,6 +82,26 @@ def write_outputs(inv: Invocation, result: Entry, basedir: str | None) -> bool:
     return True
 
 
+#: The result's meta flag: its stdout and stderr name the source's folder as a token
+#: (a result shared across folders, :func:`kernelcache.nvcc.key.portable_folder`).
+MESSAGES_META = "messages_in_folder"
+
+
+def stored_messages(stdout: bytes, stderr: bytes, folder: str | None) -> tuple[bytes, bytes]:
+    """nvcc's messages as a result shared across folders stores them: ``folder`` as a token."""
+    if folder is None:
+        return stdout, stderr
+    return nvcc_deps.to_stored(stdout, folder), nvcc_deps.to_stored(stderr, folder)
+
+
+def messages(result: Entry, basedir: str | None) -> tuple[bytes, bytes]:
+    """nvcc's stdout and stderr as a hit replays them: naming this call's folder."""
+    stdout, stderr = result["stdout"], result["stderr"]
+    if not result.meta.get(MESSAGES_META) or not basedir:
+        return stdout, stderr
+    return nvcc_deps.from_stored(stdout, basedir), nvcc_deps.from_stored(stderr, basedir)
+
+
 def replay(stdout: bytes, stderr: bytes) -> None:
     for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
         if data:

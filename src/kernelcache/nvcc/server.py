@@ -51,11 +51,12 @@ from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.client import PROTOCOL, SOCKET, pack, receive
 from kernelcache.nvcc.compiling import COMPILE
 from kernelcache.nvcc.control import LOCK, LOG, idle_seconds
+from kernelcache.nvcc.flight import Flying
 from kernelcache.nvcc.job import Job, Outcome, lookup, saved_seconds
 from kernelcache.nvcc.key import Identities, resolve_compiler
 from kernelcache.nvcc.native import is_compiled_client
 from kernelcache.nvcc.native import start as start_build
-from kernelcache.nvcc.outputs import write_outputs
+from kernelcache.nvcc.outputs import messages, write_outputs
 from kernelcache.nvcc.spawn import STARTING
 from kernelcache.settings import Settings
 from kernelcache.tiers import default_tiers
@@ -85,6 +86,8 @@ class Server:
         self.idle = idle
         self.caches: dict[Settings, Cache] = {}
         self.known = Identities()
+        #: The flight claims held for clients compiling now (:mod:`kernelcache.nvcc.flight`).
+        self.flying = Flying()
         #: (answer, whether to the compiled client) -> how many, for the log
         self.answered: dict[tuple[str, bool], int] = {}
         self.dir_id = _identity(os.fstat(dir_fd))
@@ -108,6 +111,7 @@ class Server:
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
+                self.flying.sweep()
                 if dirty:
                     for cache in self.caches.values():
                         cache.flush_stats()
@@ -143,7 +147,7 @@ class Server:
         # Asked while the client waits: once answered, it may be gone.
         compiled = is_compiled_client(pid)
         if request[0] == COMPILE and len(request) > 6:
-            reply, stay = self.compile_step(request[1:]), True
+            reply, stay = self.compile_step(request[1:], pid), True
         elif request[0] != PROTOCOL:
             # A newer client's server takes over (its client starts it once
             # this one is gone); an older or unknown one is answered and this
@@ -217,11 +221,13 @@ class Server:
             return None
         result = hit[1]
         Outcome("hits", saved=saved_seconds(result), detail="server_hits").record(settings)
-        return [b"hit", b"0", result["stdout"], result["stderr"]]
+        return [b"hit", b"0", *messages(result, job.basedir)]
 
-    def compile_step(self, request: list[bytes]) -> list[bytes]:
-        """A miss the client compiles itself (:mod:`kernelcache.nvcc.compiling`): plan, lookup
-        or store."""
+    def compile_step(self, request: list[bytes], pid: int = 0) -> list[bytes]:
+        """A miss the client ``pid`` compiles itself (:mod:`kernelcache.nvcc.compiling`): plan,
+        lookup or store. A compile is planned under its flight claim, held here for the
+        client until its store; if another compiles it now, the client gets ``fallback``
+        and waits in the in-process launcher (:mod:`kernelcache.nvcc.flight`)."""
         from kernelcache.nvcc import compiling
 
         step, fields = request[0], compiling.STEPS.get(request[0])
@@ -233,19 +239,27 @@ class Server:
         settings, job, cache = found
         try:
             if step == b"plan":
-                return self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
+                reply = self._hit(settings, job, lookup(cache.get, job)) or compiling.plan(
                     cache, job
                 )
-            if step == b"lookup":
-                return compiling.lookup(settings, cache, job, request[1 : 1 + fields])
-            return compiling.store(settings, cache, job, request[1 : 1 + fields])
+            elif step == b"lookup":
+                reply = compiling.lookup(settings, cache, job, request[1 : 1 + fields])
+            else:
+                try:
+                    return compiling.store(settings, cache, job, request[1 : 1 + fields])
+                finally:
+                    self.flying.land(job.direct, pid)
         except (OSError, ValueError, KernelCacheError):
             return [b"fallback", b"lookup"]
+        if reply[0] == b"compile" and not self.flying.take(cache, job.direct, pid):
+            return [b"fallback", b"flight"]
+        return reply
 
     def _cache(self, settings: Settings) -> Cache:
         cache = self.caches.get(settings)
         if cache is None:
             if len(self.caches) >= MAX_CACHES:
+                self.flying.close()  # their locks belong to the caches closed here
                 self.close_caches()
             tiers = [t for t in default_tiers(settings) if t.kind != "memory"]
             cache = self.caches[settings] = Cache(tiers, settings=settings)
@@ -260,6 +274,7 @@ class Server:
         report = self.report()
         if report is not None:
             print(f"kernelcache server: {report}", file=sys.stderr, flush=True)
+        self.flying.close()
         self.close_caches()
         if self._still_bound():
             with contextlib.suppress(FileNotFoundError):

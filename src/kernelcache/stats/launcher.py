@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from kernelcache.settings import Settings
 
 STATS_FILE = "nvcc-stats.json"
+#: Days kept in the file's ``days`` (the oldest go first).
+MAX_DAYS = 400
 
 
 def stats_path(settings: Settings | None = None) -> str:
@@ -92,4 +94,14 @@ def _add(
         reasons[reason] = int(reasons.get(reason, 0)) + 1
     if saved:
         data["seconds_saved"] = round(float(data.get("seconds_saved", 0.0)) + saved, 6)
+    if field in ("hits", "misses"):  # per day, for `kernelcache stats --days`
+        import time
+
+        days = data.setdefault("days", {})
+        today = days.setdefault(time.strftime("%Y-%m-%d"), {})
+        today[field] = int(today.get(field, 0)) + 1
+        if saved:
+            today["seconds_saved"] = round(float(today.get("seconds_saved", 0.0)) + saved, 6)
+        for old in sorted(days)[:-MAX_DAYS]:
+            del days[old]
     return data

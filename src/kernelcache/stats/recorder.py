@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry
+from kernelcache.keys import family_of
 from kernelcache.stats.totals import COMPILE_FIELDS, merge
 from kernelcache.stores.base import Store
 
@@ -110,6 +111,8 @@ class Recorder:
         self._saved = [0.0] * len(self.tiers)
         self._compile: dict[str, float] = dict.fromkeys(COMPILE_FIELDS, 0)
         self._keys: dict[str, list[float]] = {}
+        #: Per integration family (kernelcache.keys.family_of): hits, misses, compiles, ...
+        self._families: dict[str, dict[str, float]] = {}
         # Keys of entries compiled inside an entry that was a hit (insertion-ordered).
         self._credited: dict[str, None] = (
             {} if self.directory is None else _credited_by_dir.setdefault(self.directory, {})
@@ -154,11 +157,25 @@ class Recorder:
                 self._price_locked(key, price)  # it was just promoted into the first tier
 
     def note(self, key: str, entry: Entry) -> None:
-        """``entry`` was put into the tiers: remember its price for sampled hits."""
-        if self.sampling:
-            seconds = compile_seconds(entry)
-            with self._lock:
+        """``entry`` was put into the tiers: remember its price for sampled hits, and
+        count a compiled one for its family."""
+        seconds = compile_seconds(entry)
+        with self._lock:
+            if self.sampling:
                 self._price_locked(key, seconds)
+            if seconds:
+                self._family_locked(key, "compiles", 1)
+                self._family_locked(key, "compile_seconds", seconds)
+
+    def missed(self, key: str) -> None:
+        """A lookup of ``key`` missed every tier (``Cache.get``): counted for its family."""
+        with self._lock:
+            self._family_locked(key, "misses", 1)
+        self.tick()
+
+    def _family_locked(self, key: str, name: str, amount: float) -> None:
+        counts = self._families.setdefault(family_of(key), {})
+        counts[name] = counts.get(name, 0) + amount
 
     def _price_locked(self, key: str, seconds: float) -> None:
         self._prices[key] = seconds
@@ -175,6 +192,8 @@ class Recorder:
             slot = self._keys.setdefault(key, [0, 0.0])
             slot[0] += hits
             slot[1] += seconds * hits
+            self._family_locked(key, "hits", hits)
+            self._family_locked(key, "seconds_saved", seconds * hits)
 
     def count(self, name: str, amount: float = 1) -> None:
         with self._lock:
@@ -236,18 +255,50 @@ class Recorder:
                 if any(delta.values()):
                     tiers[self.names[index]] = delta
             compile_counts = {k: v for k, v in self._compile.items() if v}
-            keys = {k: (round(v[0]), v[1]) for k, v in self._keys.items()}
+            held_keys, keys = self._keys, {k: (round(v[0]), v[1]) for k, v in self._keys.items()}
+            families = self._families
             self._compile = dict.fromkeys(COMPILE_FIELDS, 0)
             self._keys = {}
+            self._families = {}
             self._last_flush = time.monotonic()
-        if self.directory is None or not (tiers or compile_counts or keys):
+        if self.directory is None or not (tiers or compile_counts or keys or families):
             return
         try:
-            merge(self.directory, tiers, compile_counts, keys)
+            merge(self.directory, tiers, compile_counts, keys, families)
+        except TimeoutError:
+            self._put_back(tiers, compile_counts, held_keys, families)  # another merge was slow
         except OSError:
             # Statistics never fail the user's work: a read-only or removed
             # directory loses this batch, and the loss is counted.
             self.flush_errors += 1
+
+    def _put_back(
+        self,
+        tiers: dict[str, dict[str, float]],
+        compile_counts: dict[str, float],
+        keys: dict[str, list[float]],
+        families: dict[str, dict[str, float]],
+    ) -> None:
+        """Count a batch that could not be merged in the next flush instead (issue 40)."""
+        with self._lock:
+            for index, name in enumerate(self.names):
+                delta = tiers.get(name)
+                if delta is None:
+                    continue
+                self._saved[index] += delta.pop("seconds_saved", 0.0)
+                flushed = self._flushed[index]
+                for k, v in delta.items():
+                    flushed[k] = flushed.get(k, 0) - int(v)
+            for k, v in compile_counts.items():
+                self._compile[k] += v
+            for k, (hits, seconds) in keys.items():
+                slot = self._keys.setdefault(k, [0, 0.0])
+                slot[0] += hits
+                slot[1] += seconds
+            for family, counts in families.items():
+                mine = self._families.setdefault(family, {})
+                for name, amount in counts.items():
+                    mine[name] = mine.get(name, 0) + amount
 
 
 _recorders: weakref.WeakSet[Recorder] = weakref.WeakSet()

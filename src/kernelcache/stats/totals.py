@@ -6,7 +6,11 @@ Layout under ``<dir>/v1/stats/``::
     keys/<xx>.json   {key: [hits, seconds_saved]}, 256 shards, for ``ls --sort hits``
     lock             flock held while a process merges its counts in
 
-SECTION is ``{"since": epoch, "tiers": {name: {counter: n}}, "compile": {counter: n}}``.
+SECTION is ``{"since": epoch, "tiers": {name: {counter: n}}, "compile": {counter: n},
+"families": {integration: {counter: n}}}`` (families: hits, misses, compiles, seconds
+saved per integration family, :func:`kernelcache.keys.family_of`). ``days`` holds the
+seconds saved, hits and compiles per local date (``YYYY-MM-DD``), the last
+:data:`MAX_DAYS` of them, for ``kernelcache stats --days``.
 Processes merge batches of deltas (at exit and every few seconds), never one
 write per hit. Readers need no lock: files are replaced atomically. A damaged
 totals file is moved aside to ``totals.json.corrupt`` and counting starts over;
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import math
 import os
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kernelcache import _fs
-from kernelcache.stores.lockfile import close_lock_fd, open_lock_fd
+from kernelcache.stores.lockfile import close_lock_fd, lock_within, open_lock_fd
 
 if TYPE_CHECKING:
     from typing import Any
@@ -63,6 +66,8 @@ COMPILE_FIELDS = (
 )
 
 KeyDeltas = Mapping[str, tuple[int, float]]
+#: Days kept in ``days`` (the oldest go first).
+MAX_DAYS = 400
 
 
 def stats_dir(cache_dir: str) -> str:
@@ -89,12 +94,15 @@ def _is_counts(value: object) -> bool:
 
 
 def _is_section(value: object) -> bool:
+    families = value.get("families", {}) if isinstance(value, dict) else None
     return (
         isinstance(value, dict)
         and isinstance(value.get("since"), (int, float))
         and isinstance(value.get("tiers"), dict)
         and all(_is_counts(v) for v in value["tiers"].values())
         and _is_counts(value.get("compile"))
+        and isinstance(families, dict)
+        and all(_is_counts(v) for v in families.values())
     )
 
 
@@ -141,6 +149,8 @@ def read_totals(cache_dir: str) -> dict[str, Any]:
         and doc.get("version") == VERSION
         and _is_section(doc.get("lifetime"))
         and _is_section(doc.get("period"))
+        and isinstance(doc.get("days", {}), dict)
+        and all(_is_counts(v) for v in doc.get("days", {}).values())
     ):
         return doc
     return {**_new_totals(), "damaged": True}
@@ -198,8 +208,9 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
     if create and os.path.isdir(cache_dir):
         os.makedirs(folder, mode=0o700, exist_ok=True)
     fd = open_lock_fd(os.path.join(folder, "lock"))  # closed in forked children
+    if not lock_within(fd, LOCK_WAIT):  # fd is no longer ours
+        raise TimeoutError(errno.ETIMEDOUT, f"statistics lock held for {LOCK_WAIT:g} s")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         _inside.lock = True
         try:
             yield folder
@@ -210,6 +221,10 @@ def _locked(cache_dir: str, create: bool) -> Iterator[str]:
 
 
 _inside = threading.local()
+#: Seconds a flush waits for another process's merge: on a network filesystem at 2 ms
+#: per request, eight processes queueing for it stalled a caller 14 s (issue 40). A
+#: flush that gives up keeps its counts for the next one (:class:`.recorder.Recorder`).
+LOCK_WAIT = 1.0
 
 
 def _write_json(path: str, doc: object) -> None:
@@ -231,6 +246,7 @@ def merge(
     tiers: Mapping[str, Mapping[str, float]],
     compile_counts: Mapping[str, float],
     keys: KeyDeltas,
+    families: Mapping[str, Mapping[str, float]] | None = None,
 ) -> None:
     """Add one process's deltas to the shared totals (raises ``OSError`` on I/O failure)."""
     with _locked(cache_dir, create=True) as folder:
@@ -245,9 +261,31 @@ def merge(
             for name, deltas in tiers.items():
                 _add(section["tiers"].setdefault(name, {}), deltas)
             _add(section["compile"], compile_counts)
+            for name, deltas in (families or {}).items():
+                _add(section.setdefault("families", {}).setdefault(name, {}), deltas)
+        _add_day(totals, tiers, compile_counts)
         _write_json(path, totals)
         if keys:
             _merge_keys(folder, keys)
+
+
+def _add_day(
+    totals: dict[str, Any],
+    tiers: Mapping[str, Mapping[str, float]],
+    compile_counts: Mapping[str, float],
+) -> None:
+    """Today's seconds saved, hits and compiles (the date as this machine says it)."""
+    deltas = {
+        "seconds_saved": sum(t.get("seconds_saved", 0) for t in tiers.values()),
+        "hits": sum(t.get("hits", 0) for t in tiers.values()),
+        "compiles": compile_counts.get("compiles", 0),
+    }
+    if not any(deltas.values()):
+        return
+    days = totals.setdefault("days", {})
+    _add(days.setdefault(time.strftime("%Y-%m-%d"), {}), deltas)
+    for old in sorted(days)[:-MAX_DAYS]:
+        del days[old]
 
 
 def _merge_keys(folder: str, keys: KeyDeltas) -> None:

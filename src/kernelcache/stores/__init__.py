@@ -9,15 +9,19 @@ from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 
 if TYPE_CHECKING:
+    from kernelcache.stores.http import HTTPStore
     from kernelcache.stores.redis import RedisStore
+    from kernelcache.stores.s3 import S3Store
     from kernelcache.stores.sqlite import SQLiteStore
 
 __all__ = [
     "Counters",
     "DiskStore",
     "EntryInfo",
+    "HTTPStore",
     "MemoryStore",
     "RedisStore",
+    "S3Store",
     "SQLiteStore",
     "Store",
     "validate_key",
@@ -35,4 +39,12 @@ def __getattr__(name: str) -> Any:
         from kernelcache.stores.redis import RedisStore
 
         return RedisStore
+    if name == "S3Store":
+        from kernelcache.stores.s3 import S3Store
+
+        return S3Store
+    if name == "HTTPStore":
+        from kernelcache.stores.http import HTTPStore
+
+        return HTTPStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,7 @@ from kernelcache.autotune import AutotuneCache, current_device
 from kernelcache.cache import Cache
 from kernelcache.integration import Integration
 from kernelcache.patching import Patches
-from kernelcache.tilelang import firstrun, keys, recording
+from kernelcache.tilelang import firstrun, keys, recording, shapes
 from kernelcache.tilelang.autotune import TunerHooks
 from kernelcache.tilelang.binaries import BinaryHooks
 from kernelcache.tilelang.kernels import COUNTERS, BackendHooks
@@ -63,7 +63,8 @@ __all__ = [
 #: TileLang releases the hooks were tested on.
 TESTED = Range("0.1.13", "0.1.15")
 
-# The upstream names replaced, all read from TileLang 0.1.15 (the table of seams).
+# The upstream names replaced, read from TileLang 0.1.13 to 0.1.15 (the table of seams;
+# where a seam's shape moved, kernelcache.tilelang.shapes adapts to what is installed).
 DISPATCH_MAP = "_dispatch_map"  # tilelang.cache: backend name -> KernelCache singleton
 LOAD = "_load_kernel_from_disk"
 SAVE = "_save_kernel_to_disk"
@@ -80,6 +81,8 @@ SEAMS: tuple[Seam, ...] = (
     "tilelang.cache.cuda_binary_cache:CUDABinaryCache.save",
     f"tilelang.autotuner.tuner:AutoTuner.{TUNER_LOAD}",
     f"tilelang.autotuner.tuner:AutoTuner.{TUNER_SAVE}",
+    # Kernel parameters as JSON: upstream's (0.1.15), else TVM's reflection (0.1.13, 0.1.14).
+    (shapes.DUMP_PARAMS, shapes.TVM_SAVE_JSON),
 )
 
 
@@ -96,7 +99,9 @@ def _hook(patches: Patches) -> None:
             upstream, getattr(upstream, LOAD), getattr(upstream, SAVE),
             _state.get_cache, _state.counters,
         )  # fmt: skip
-        patches.set(upstream, LOAD, hooks.load)
+        # The loader's shape moved in 0.1.14 (kernelcache.tilelang.shapes): probed, not versioned.
+        takes_context = shapes.takes_context(getattr(upstream, LOAD))
+        patches.set(upstream, LOAD, hooks.load if takes_context else hooks.load_separate)
         patches.set(upstream, SAVE, hooks.save)
     # TileLang's nvcc call, noted for the header manifest (kernelcache.tilelang.recording).
     patches.set(tl_nvcc, COMPILE_CUDA, recording.wrap_compile(getattr(tl_nvcc, COMPILE_CUDA)))

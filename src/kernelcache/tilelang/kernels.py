@@ -37,7 +37,7 @@ from kernelcache.entry import Entry, private_dir
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.integration import Counters
 from kernelcache.singleflight import Claim
-from kernelcache.tilelang import keys, manifest, recording
+from kernelcache.tilelang import keys, manifest, recording, shapes
 from kernelcache.tilelang.firstrun import FirstRun
 from kernelcache.tilelang.keys import kernel_key, pre_key, shared_fields
 
@@ -87,15 +87,12 @@ def pack(
     upstream_cache: Any, kernel: Any, verbose: bool = False, extra: dict[str, Any] | None = None
 ) -> Entry:
     """The file set TileLang would publish for ``kernel``, as one entry."""
-    from tilelang.engine.param import dump_kernel_params
-
     staging = tempfile.mkdtemp(prefix="kernelcache-tilelang-")
     try:
         for writer in _WRITERS:
             getattr(upstream_cache, writer)(kernel, staging, verbose)
-        params = os.path.join(staging, upstream_cache.params_path)
-        with open(params, "w") as f:
-            f.write(dump_kernel_params(kernel.params))
+        with open(os.path.join(staging, shapes.PARAMS), "w") as f:
+            f.write(shapes.dump_params(kernel.params))
         artifacts = {}
         for item in os.scandir(staging):
             with open(item.path, "rb") as f:
@@ -107,7 +104,7 @@ def pack(
         "device_source": upstream_cache.device_kernel_path,
         "host_source": upstream_cache.host_kernel_path,
         "library": upstream_cache.kernel_lib_path,
-        "params": upstream_cache.params_path,
+        "params": shapes.PARAMS,
         **(extra or {}),
     }
     return Entry(artifacts, meta=meta)
@@ -131,13 +128,12 @@ def folder_of(entry: Entry) -> str:
 
 def load(entry: Entry, call: dict[str, Any]) -> Any:
     """Rebuild a ``JITKernel`` from a stored entry, as TileLang's own disk hit does."""
-    from tilelang.engine.param import load_kernel_params
     from tilelang.jit import JITKernel
     from tilelang.jit.adapter.base import CachedTextSource
 
     meta = entry.meta
     folder = folder_of(entry)
-    params = load_kernel_params(entry[meta["params"]].decode())
+    params = shapes.load_params(entry[meta["params"]].decode())
     device_source = entry.get(meta["device_source"])
     host_source = entry.get(meta["host_source"])
     context = call["backend_context"]
@@ -156,8 +152,22 @@ def load(entry: Entry, call: dict[str, Any]) -> Any:
         execution_backend=context.execution_backend.name,
         pass_configs=call["pass_configs"],
         compile_flags=call["compile_flags"],
-        backend_context=context,
+        **shapes.context_kwargs(context),
     )
+
+
+def _call(
+    context: Any, out_idx: Any, pass_configs: Any, compile_flags: Any, func: Any, verbose: bool
+) -> dict[str, Any]:
+    """What a compile or a hit of one kernel needs, whatever the loader's shape."""
+    return {
+        "func": func,
+        "backend_context": context,
+        "out_idx": out_idx,
+        "pass_configs": pass_configs,
+        "compile_flags": compile_flags,
+        "verbose": verbose,
+    }
 
 
 @dataclass(frozen=True)
@@ -198,20 +208,41 @@ class BackendHooks:
         func: Any = None,
         verbose: bool = False,
     ) -> Any:
-        backend = backend_context.execution_backend.name
-        if not handles(backend, backend_context.target):
+        """``_load_kernel_from_disk`` of TileLang 0.1.14+: one ``backend_context``."""
+        args = (key, backend_context, out_idx, pass_configs, compile_flags, func, verbose)
+        return self._load(
+            key, _call(backend_context, out_idx, pass_configs, compile_flags, func, verbose), args
+        )
+
+    def load_separate(
+        self,
+        key: str,
+        target: Any = "auto",
+        target_host: Any = None,
+        out_idx: Any = None,
+        execution_backend: str = "tvm_ffi",
+        pass_configs: dict[str, Any] | None = None,
+        compile_flags: Any = None,
+        func: Any = None,
+        verbose: bool = False,
+    ) -> Any:
+        """``_load_kernel_from_disk`` of TileLang 0.1.13: target, host and backend apart."""
+        context = shapes.Separate.of(target, target_host, execution_backend)
+        args = (
+            key, target, target_host, out_idx, execution_backend, pass_configs, compile_flags,
+            func, verbose,
+        )  # fmt: skip
+        return self._load(
+            key, _call(context, out_idx, pass_configs, compile_flags, func, verbose), args
+        )
+
+    def _load(self, key: str, call: dict[str, Any], args: tuple[Any, ...]) -> Any:
+        """The load hook of either shape; ``args`` are upstream's own, for a pass-through."""
+        context = call["backend_context"]
+        backend = context.execution_backend.name
+        if not handles(backend, context.target):
             self.counters.count("passed_through")
-            return self.original_load(
-                key, backend_context, out_idx, pass_configs, compile_flags, func, verbose
-            )
-        call = {
-            "func": func,
-            "backend_context": backend_context,
-            "out_idx": out_idx,
-            "pass_configs": pass_configs,
-            "compile_flags": compile_flags,
-            "verbose": verbose,
-        }
+            return self.original_load(*args)
         cache = self.cache()
         if backend in manifest.BACKENDS and not keys.settled():
             kc_key, found = self._first_run(cache, key, backend, call)
@@ -231,7 +262,7 @@ class BackendHooks:
             self.counters.count("unusable_entries")
             cache.delete(kc_key)
             kernel = self._compile(call)
-            cache.put(kc_key, pack(self.upstream, kernel, verbose))
+            cache.put(kc_key, pack(self.upstream, kernel, call["verbose"]))
             return kernel
         self.counters.count("hits")
         return kernel
@@ -353,7 +384,7 @@ class BackendHooks:
             verbose=call["verbose"],
             pass_configs=call["pass_configs"],
             compile_flags=call["compile_flags"],
-            backend_context=context,
+            **shapes.context_kwargs(context),
         )
         self.counters.count("compiles")
         return kernel

@@ -27,6 +27,13 @@ mixed into every key, so two setups sharing one directory can be kept apart;
 ``KERNELCACHE_TRITON_TIMEOUT`` (seconds, default 300) bounds how long a
 compile holds its claim and how long the others wait for it;
 ``KERNELCACHE_REMOTE`` adds the team's Redis tier.
+
+Versions: the manager was tested on Triton :data:`TESTED` (a cell of the
+version matrix per release, ``scripts/matrix.cells``) and needs the names in
+:data:`SEAMS`. Triton loads it by name, so it cannot refuse a release;
+:func:`support` says what kernelcache makes of the installed one. Triton's own
+key (its version and compiler hashes included) is in every key: releases never
+share an entry.
 """
 
 from __future__ import annotations
@@ -53,6 +60,24 @@ from kernelcache.triton.config import (
 )
 from kernelcache.triton.manager import GROUP_PREFIX, CacheManager
 from kernelcache.triton.remote import RemoteBackend
+from kernelcache.versions import Range, Seam, Support, decide
+
+#: Triton releases the manager was tested on.
+TESTED = Range("3.4", "3.9")
+#: What the manager needs of the installed Triton (``triton.knobs``, 3.4+, is read when there).
+SEAMS: tuple[Seam, ...] = (
+    "triton.runtime.cache:CacheManager",
+    "triton.runtime.cache:FileCacheManager",
+    "triton.runtime.cache:RemoteCacheBackend",
+)
+
+
+def support(version: str | None = None) -> Support:
+    """What kernelcache makes of ``version`` of Triton (default: the installed one)."""
+    import triton
+
+    return decide("Triton", version or triton.__version__, TESTED, SEAMS)
+
 
 __all__ = [
     "ENV_DIR",
@@ -60,6 +85,8 @@ __all__ = [
     "ENV_NAMESPACE",
     "ENV_TIMEOUT",
     "GROUP_PREFIX",
+    "SEAMS",
+    "TESTED",
     "CacheManager",
     "RemoteBackend",
     "Setup",
@@ -69,4 +96,5 @@ __all__ = [
     "get_cache",
     "set_cache",
     "stats",
+    "support",
 ]

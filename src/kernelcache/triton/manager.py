@@ -11,6 +11,7 @@ from triton.runtime.cache import FileCacheManager
 from kernelcache.entry import Entry, validate_name
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.triton.config import Setup, count, current, refresh
+from kernelcache.triton.explain import note_compile
 from kernelcache.triton.pending import PendingGroup, claim
 
 GROUP_PREFIX = "__grp__"
@@ -167,6 +168,7 @@ class CacheManager(_TritonCacheManager):  # type: ignore[misc]
         entry = Entry(artifacts, meta=meta)
         setup = self.setup
         key = setup.key("group", self.key, filename)
+        note_compile(key, self.key)  # what Triton's hash was made of, for `kernelcache explain`
         held, self._pending = self._pending, None
         stored = held.publish(key, entry) if held is not None else setup.cache.put(key, entry)
         paths = {name: self._path(stored, name) for name in artifacts}

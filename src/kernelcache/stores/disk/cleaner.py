@@ -17,6 +17,17 @@ tier to ``LOW_WATER``; extraction folders of gone entries found by a
 rescan are removed in the next batch, after checking under the lock that
 their entry is still gone.
 
+The cleaning runs in a thread of its own (one per store at a time), so the
+change that asked for it returns at once: its caller, and whoever waits on
+its single-flight lock, do not wait for the eviction (issue 40). At exit a
+process lets a running cleaner finish (a bounded wait), so that it leaves no
+lease behind for others to wait out. Nobody waits for a cleaner (issue 40: at 2 ms per request, eight processes
+queueing for the cleaner's lease stalled a caller 15 s): a change that finds
+another process cleaning goes on, and asks again at its next change; and a
+cleaner hands over after :data:`CLEAN_BUDGET` seconds of batches, leaving the
+rest to the next change that goes over. The tier may then stay over its cap
+until that change, by what the changes made meanwhile.
+
 A candidate used between its validation and its batch may still be evicted
 (it was the least recently used a moment before): LRU order is kept to
 within one batch, never correctness.
@@ -24,8 +35,10 @@ within one batch, never correctness.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kernelcache.errors import StoreError
@@ -69,8 +82,22 @@ class Space(Protocol):
     def count_event(self, name: str, amount: int) -> None: ...
 
 
-#: How long a change waits for another process's cleaning before it cleans itself.
-CLEAN_WAIT = 60.0
+#: Seconds of batches a cleaner runs before it hands over (see the module docstring).
+CLEAN_BUDGET = 1.0
+#: Victims removed per hold of the space lock: short holds, whatever the excess.
+BATCH_MAX = 6
+#: How long a process at exit waits for its running cleaners.
+EXIT_WAIT = 10.0
+#: Cleaner threads running now, joined at exit.
+_running: set[threading.Thread] = set()
+
+
+@atexit.register
+def finish() -> None:
+    """Wait (at most :data:`EXIT_WAIT` seconds) for the cleaners running in this process."""
+    deadline = time.monotonic() + EXIT_WAIT
+    for thread in list(_running):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Cleaner:
@@ -80,6 +107,14 @@ class Cleaner:
         self.space = space
         self._local = threading.local()  # this thread is cleaning: no cleaning from within
         self._orphans: list[tuple[str, str]] = []  # (shard, extraction folder)
+        self._thread: threading.Thread | None = None
+        self._again = False
+        self._guard = threading.Lock()
+
+    @property
+    def pending(self) -> bool:
+        """Whether this thread's next change cleans (it asked, or found another cleaning)."""
+        return bool(getattr(self._local, "requested", False))
 
     def request(self) -> None:
         """Note (under the space lock) that the tier went over a cap: :meth:`after_lock` cleans."""
@@ -90,22 +125,50 @@ class Cleaner:
         local = self._local
         if getattr(local, "requested", False) and not getattr(local, "active", False):
             local.requested = False
-            self.run()
+            self._start()
+
+    def _start(self) -> None:
+        """Run :meth:`run` in this store's cleaner thread (once more if it runs now)."""
+        with self._guard:
+            if self._thread is not None and self._thread.is_alive():
+                self._again = True
+                return
+            thread = threading.Thread(target=self._loop, name="kernelcache-cleaner", daemon=True)
+            self._thread, self._again = thread, False
+            _running.add(thread)
+        thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self.run()
+                with self._guard:
+                    if not self._again:
+                        return
+                    self._again = False
+        finally:
+            _running.discard(threading.current_thread())
 
     def run(self) -> None:
         """Evict down to ``LOW_WATER`` unless the tier is below its caps by now."""
         space = self.space
         lock = FileFlightLock(f"{space.layout.locks}/cleaner.lock", leases=True)
         try:
-            if not lock.acquire(CLEAN_WAIT):
-                return  # a cleaner elsewhere is stuck: the next change tries again
+            if not lock.acquire(0.0):
+                self._local.requested = True  # another cleans now: ask again next change
+                return
         except StoreError:
             space.count_event("errors", 1)
             return
         self._local.active = True
+        deadline = time.monotonic() + CLEAN_BUDGET
         try:
             for _pass in range(2):
-                if self._pass():
+                done = self._pass(deadline)
+                if done is None:
+                    self._local.requested = True  # handed over: the next change goes on
+                    return
+                if done:
                     return
                 # Out of candidates while still over: recount (the counter was high).
                 with space.locked() as tally:
@@ -118,8 +181,9 @@ class Cleaner:
             self._local.active = False
             lock.release()
 
-    def _pass(self) -> bool:
-        """One merge over the queues; ``True`` once the tier is at its target."""
+    def _pass(self, deadline: float) -> bool | None:
+        """One merge over the queues; ``True`` once the tier is at its target, ``None``
+        when ``deadline`` passed first (handed over)."""
         with self.space.locked() as tally:
             excess = self.space.excess(tally)
         if excess == (0, 0):
@@ -135,14 +199,18 @@ class Cleaner:
                     return True
                 if not batch:
                     return False
+                if time.monotonic() >= deadline:
+                    return None
         finally:
             candidates.close()
 
     def _batch(
         self, candidates: Iterator[Candidate], excess: tuple[int, int]
     ) -> Iterator[tuple[Candidate, int]]:
-        """Valid candidates (still the file the queue saw) until their sizes cover ``excess``."""
+        """Valid candidates (still the file the queue saw) until their sizes cover ``excess``,
+        at most :data:`BATCH_MAX` of them."""
         need_bytes, need_entries = excess
+        taken = 0
         for candidate in candidates:
             if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
                 continue  # a damaged queue record: it must never name a path outside the shard
@@ -156,7 +224,8 @@ class Cleaner:
             yield candidate, st.st_size
             need_bytes -= st.st_size
             need_entries -= 1
-            if need_bytes <= 0 and need_entries <= 0:
+            taken += 1
+            if (need_bytes <= 0 and need_entries <= 0) or taken >= BATCH_MAX:
                 return
 
     def _remove(self, tally: Tally, batch: list[tuple[Candidate, int]]) -> None:

@@ -130,7 +130,7 @@ class Extractor:
             # Damaged (a file missing, altered or replaced): a loader must not get it.
             # Only this very folder: one another process puts in its place stays.
             self.space.drop_folder(folder, expect_ino=st.st_ino)
-        staged = f"{self.layout.staging}/extract.{_fs.unique()}"
+        staged = self.layout.staged("extract")
         os.mkdir(staged, 0o700)
         try:
             for name, data in entry.items():

@@ -6,7 +6,8 @@ Layout under the cache directory ``root``::
     v1/extracted/<s>/<key>/<tag>/     artifacts extracted for Entry.path(), tag = content digest
     v1/space                          bytes and entries of the whole tier (see space.py)
     v1/lru/<s>                        least-recently-used queue of shard s (see lru.py)
-    v1/staging/                       files being written and entries being removed
+    v1/staging/                       files being written and entries being removed,
+                                      named with their writer (node and pid) for the sweep
     v1/locks/<s>/<key>.lock           single-flight compile locks (flock), removed on release
 
 Nothing inside the tree is trusted to be what its name says: the directory
@@ -48,6 +49,19 @@ TAG_LENGTH = 16
 OPEN_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
+
+
+#: This node (host and boot) as staging names carry it: a sweep on this node tells a
+#: dead writer's leftover from a live one's file by its pid (issue 40).
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "-"
+
+
+_NODE = "n" + xxhash.xxh64_hexdigest(f"{os.uname().nodename} {_boot_id()}".encode())[:12]
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n"
 
 
@@ -116,6 +130,21 @@ def remove_tree(path: str) -> bool:
     return True
 
 
+def _left_here(name: str) -> bool:
+    """Whether staging item ``name`` was written by a process of this node that is gone."""
+    tag = next((p for p in name.split(".") if p.startswith(_NODE + "-")), None)
+    pid = tag.partition("-")[2] if tag is not None else ""
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # EPERM: another user's process, alive
+    return False
+
+
 class Layout:
     """The paths of one cache directory, and its safety checks.
 
@@ -150,13 +179,18 @@ class Layout:
         """A new name in staging for something about to be deleted."""
         return f"{self.staging}/trash.{unique()}"
 
+    def staged(self, stem: str) -> str:
+        """A new name in staging for a file or folder being written, with its writer."""
+        return f"{self.staging}/{stem}.{_NODE}-{os.getpid()}.{unique()}"
+
     def refused(self) -> None:
         if self._on_refused is not None:
             self._on_refused()
 
     def sweep_staging(self, older_than: float) -> int:
-        """Remove what crashed writers left in staging (older than ``older_than`` seconds);
-        returns how many items could not be removed (a read-only mount)."""
+        """Remove what crashed writers left in staging: what a process of this node that
+        is gone left (at once), and anything older than ``older_than`` seconds; returns
+        how many items could not be removed (a read-only mount, ``EBUSY``)."""
         cutoff = time.time() - older_than
         try:
             with os.scandir(self.staging) as it:
@@ -168,7 +202,7 @@ class Layout:
             try:
                 # Trash was renamed here under the space lock to be deleted: no one
                 # uses it, whatever its age (a deletion that failed with EBUSY).
-                doomed = item.name.startswith("trash.")
+                doomed = item.name.startswith("trash.") or _left_here(item.name)
                 if (doomed or item.stat(follow_symlinks=False).st_mtime < cutoff) and (
                     not remove_tree(item.path)
                 ):

@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 #: Eviction stops at this fraction of each cap. Near 1, so that a full tier
 #: keeps nearly all of its cap; cleaning runs about once per 1 % of the cap written.
 LOW_WATER = 0.99
+#: On a network filesystem eviction goes further down: each cleaning loads the 16
+#: queue files (a round trip per request there), so it should run once per tenth of the
+#: cap written, not at every put past the cap (issue 40).
+NETWORK_LOW_WATER = 0.9
 _MAGIC = b"KCSPACE1"
 _TALLY = struct.Struct("<8sqqQ")  # magic, bytes, entries, xxh64 of the fields before it
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -293,13 +297,16 @@ class Space:
         return self.excess(tally) != (0, 0)
 
     def excess(self, tally: Tally) -> tuple[int, int]:
-        """``(bytes, entries)`` by which the tier is above ``LOW_WATER`` of its caps."""
+        """``(bytes, entries)`` by which the tier is above ``LOW_WATER`` of its caps
+        (``NETWORK_LOW_WATER`` on a network filesystem)."""
         max_bytes, max_entries = self._caps()
+        low = NETWORK_LOW_WATER if self.lock.network else LOW_WATER
         over_bytes = over_entries = 0
-        if max_bytes is not None and tally.bytes > max_bytes * LOW_WATER:
-            over_bytes = max(1, tally.bytes - int(max_bytes * LOW_WATER))
+        if max_bytes is not None and tally.bytes > max_bytes * low:
+            over_bytes = max(1, tally.bytes - int(max_bytes * low))
         if max_entries is not None:
-            over_entries = max(0, tally.entries - (max_entries - max_entries // 100))
+            margin = max_entries // (10 if self.lock.network else 100)
+            over_entries = max(0, tally.entries - (max_entries - margin))
         return over_bytes, over_entries
 
     def count_event(self, name: str, amount: int) -> None:

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kernelcache import fstype
-from kernelcache._fs import unique, write_new
+from kernelcache._fs import write_new
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
     Counters,
@@ -50,6 +50,9 @@ from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
 #: Staging files older than this belong to a crashed writer and are swept.
 STALE_STAGING_SECONDS = 3600.0
+#: Staging is swept at open, and by a put at most this often (seconds): a leftover of
+#: a process of this node that is gone goes at once, anything else after an hour.
+SWEEP_INTERVAL = 60.0
 #: A hit refreshes the entry's mtime (its LRU clock) at most this often.
 TOUCH_INTERVAL = 60.0
 #: Keys whose recent mtime a store remembers (see DiskStore._remember).
@@ -66,9 +69,11 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(eq=False)
 class DiskCounters(Counters):
-    """The disk tier also counts what it refused: symlinks and unsafe directories in its tree."""
+    """The disk tier also counts what it refused (symlinks and unsafe directories in its
+    tree) and the changes it gave up behind another process's space lease (``busy``)."""
 
     refused: int = 0
+    busy: int = 0
 
 
 class DiskStore(Store):
@@ -78,8 +83,11 @@ class DiskStore(Store):
     hold for the whole tier: a change that goes over one evicts the least
     recently used entries of the tier down to ``LOW_WATER`` of it before it
     returns, so the tier exceeds a cap only by what is being written at that
-    moment (one entry per writing thread). An entry larger than
-    ``LOW_WATER * max_bytes`` is not stored (counted as an eviction).
+    moment (one entry per writing thread). On a network filesystem the
+    eviction runs in a thread of its own, down to ``NETWORK_LOW_WATER``, and
+    the tier may stay over a cap until the next change (:mod:`.cleaner`).
+    An entry larger than ``LOW_WATER * max_bytes`` is not stored (counted as
+    an eviction).
 
     A directory that is not the user's, or is writable by others, is
     refused: the store then raises :class:`StoreError` on every use (a
@@ -128,6 +136,7 @@ class DiskStore(Store):
         self._checked: set[str] = set()
         # key -> its entry file's mtime as last seen by a hit of this process (see get).
         self._recent: dict[str, float] = {}
+        self._next_sweep = 0.0
         self._open()
 
     @classmethod
@@ -178,6 +187,7 @@ class DiskStore(Store):
             self._sweep_staging()
 
     def _sweep_staging(self) -> None:
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
         errors = self.layout.sweep_staging(STALE_STAGING_SECONDS)
         if errors:
             self._count("errors", errors)
@@ -372,16 +382,18 @@ class DiskStore(Store):
         shard = shard_of(key)
         if shard not in self._checked:
             self._check_shard(shard, create=True)
-        tmp = f"{self.layout.staging}/{key[:64]}.{unique()}.tmp"
+        tmp = self.layout.staged(key[:64]) + ".tmp"
         try:
             write_new(tmp, parts, durable=self.durable)
             self.space.publish(tmp, key, shard, size)
         except OSError as exc:
-            self._count("errors")
+            self._count("busy" if isinstance(exc, TimeoutError) else "errors")
             self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
         self._count("puts")
         self._count("bytes_written", size)
+        if time.monotonic() >= self._next_sweep:  # what a process of this node left (issue 40)
+            self._sweep_staging()
         # path() of what the caller keeps (often a memory tier too) gives files
         # inside this tier, capped and shared, not copies in a temp directory.
         return entry.bind(key, self.files)

@@ -107,10 +107,17 @@ class Signer:
     def mac(self, name: bytes, body: Any, tail: Any) -> bytes:
         # The long body first (see the module docstring); then the fixed-size
         # trailer, the name and its length, so the split is unambiguous.
-        hasher = self._blake3(body, key=self._key)
+        return self.finish(self._blake3(body, key=self._key), name, tail)
+
+    def start(self) -> Any:
+        """A hasher to feed a body in pieces (a streamed object); end with :meth:`finish`."""
+        return self._blake3(key=self._key)
+
+    def finish(self, hasher: Any, name: bytes, tail: Any) -> bytes:
+        """The MAC of the body fed to ``hasher``: the same bytes :meth:`mac` gives."""
         hasher.update(tail)
         hasher.update(name + len(name).to_bytes(4, "little"))
-        return hasher.digest()
+        return bytes(hasher.digest())
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,21 @@ def seal(name: bytes, flags: int, size: int, body: bytes, signer: Signer | None)
     if signer is None:
         return body + tail
     return b"".join((body, signer.mac(name, body, tail), tail))
+
+
+def trailer(size: int, flags: int) -> bytes:
+    """The fixed trailer of a record of a ``size``-byte entry (a streamed writer's last bytes)."""
+    return _TAIL.pack(size, flags, VERSION, MAGIC)
+
+
+def read_trailer(tail: bytes) -> tuple[int, int]:
+    """``(size, flags)`` of a record's last :data:`TAIL_SIZE` bytes, magic and version checked."""
+    size, flags, version, magic = _TAIL.unpack_from(tail)
+    if magic != MAGIC:
+        raise CorruptEntry("value is not a kernelcache record (bad magic)")
+    if version != VERSION:
+        raise OtherVersion(f"record version {version} is not this one ({VERSION})")
+    return int(size), int(flags)
 
 
 def open_record(name: bytes, raw: bytes | bytearray, signer: Signer | None) -> Record:
