@@ -303,6 +303,7 @@ class _TeamTier(MemoryStore):
     """A tier that is neither in this process nor local: what a Redis tier looks like."""
 
     in_process = False
+    shared = True
 
     def __init__(self, secret: str | None) -> None:
         super().__init__()

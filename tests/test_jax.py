@@ -274,6 +274,7 @@ class _TeamTier(MemoryStore):
     """A tier that is neither in this process nor local: what a Redis tier looks like."""
 
     in_process = False
+    shared = True
 
     def __init__(self, secret: str | None) -> None:
         super().__init__()
@@ -401,3 +402,17 @@ def test_a_process_that_never_writes_never_makes_others_wait() -> None:
         assert counts == {"misses": 1}
     finally:
         service.close()
+
+
+def test_local_tiers_without_a_statistics_directory_are_not_team_tiers(tmp_path: Path) -> None:
+    # A local SQLite file and a read-only disk tier keep no local_dir; they were once
+    # taken for team tiers and left out of an unsigned machine's cache.
+    from kernelcache.bytecache import is_team_tier, unsigned_team_tiers
+    from kernelcache.stores.sqlite import SQLiteStore
+
+    DiskStore(tmp_path / "d").close()
+    tiers = [SQLiteStore(str(tmp_path / "c.sqlite")), DiskStore(tmp_path / "d", read_only=True)]
+    cache = Cache(tiers, persist_stats=False)
+    assert [is_team_tier(t) for t in tiers] == [False, False]
+    assert unsigned_team_tiers(cache) == []
+    assert unsigned_team_tiers(Cache([_TeamTier(None)], persist_stats=False)) != []

@@ -45,8 +45,9 @@ VALUE = "value"
 
 
 def is_team_tier(tier: Store) -> bool:
-    """A tier that other machines write: neither in this process nor in a local directory."""
-    return not tier.in_process and tier.local_dir is None
+    """A tier that other machines write (Redis, S3, HTTP). A local SQLite file or a read-only
+    disk tier has no ``local_dir`` for statistics, yet only this machine's user writes it."""
+    return tier.shared
 
 
 def unsigned_team_tiers(cache: Cache) -> list[Store]:
