@@ -355,3 +355,24 @@ def test_a_malformed_compile_step_is_refused(setup: Project) -> None:
         assert b" ".join(reply[: len(expected.split())]) == expected
     assert setup.run().returncode == 0
     assert stats(setup.cache)["server_hits"] == 1
+
+
+def test_a_client_that_compiles_in_process_gives_its_flight_claim_back(setup: Project) -> None:
+    """A client that stops waiting for a planned compile (or cannot start it) runs the
+    in-process launcher, which claims the same command: the server must not hold the
+    claim for it meanwhile, or the client would wait for its own compile (issue 37's
+    single-flight, found in review)."""
+    from kernelcache.nvcc.compiling import COMPILE
+
+    setup.warm()
+    where = [os.fsencode(setup.project), os.fsencode(setup.cache), b"18", b"6"]
+    call = [*where, b"nvcc", *map(os.fsencode, CUBIN)]
+    for _ in range(2):  # asked again by the same client: still its compile, no fallback
+        reply = _ask_items(setup.cache, [COMPILE, b"plan", *call])
+        assert reply is not None
+        assert reply[0] == b"compile", reply
+    assert _ask_items(setup.cache, [COMPILE, b"abandon", *call]) == [b"ok"]
+    claimed = _ask_items(setup.cache, [COMPILE, b"plan", *call])
+    assert claimed is not None
+    assert claimed[0] == b"compile"
+    assert _ask_items(setup.cache, [COMPILE, b"abandon", *call]) == [b"ok"]

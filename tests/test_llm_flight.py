@@ -8,6 +8,7 @@ stores, dies or runs past the limit.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,7 +46,8 @@ def dead_pid() -> int:
 def test_one_claim_per_command_until_its_client_stores(cache: Cache) -> None:
     flying = flight.Flying()
     assert flying.take(cache, "a" * 64, pid=1)  # pid 1 is alive
-    assert not flying.take(cache, "a" * 64, pid=1)  # the same command: busy
+    assert not flying.take(cache, "a" * 64, pid=os.getpid())  # the same command: busy
+    assert flying.take(cache, "a" * 64, pid=1)  # its own client asking again: still its
     assert flying.take(cache, "b" * 64, pid=1)  # another command
     assert len(flying) == 2
     flying.land("a" * 64, pid=2)  # another client's store does not end it

@@ -57,7 +57,7 @@ COMPILE = b"kernelcache-launcher-compile/2"
 #: Seconds a plan is waited for at most (a warm server answers in milliseconds).
 PLAN_TIMEOUT = 2.0
 #: How many fields each step carries before the request proper.
-STEPS = {b"plan": 0, b"lookup": 2, b"store": 8}
+STEPS = {b"plan": 0, b"lookup": 2, b"store": 8, b"abandon": 0}
 
 
 def run(argv: list[str]) -> int | None:
@@ -88,10 +88,18 @@ def run(argv: list[str]) -> int | None:
         except OSError as exc:
             client.write_all(2, b"kernelcache: cannot run %s: %s\n" % (reply[1], str(exc).encode()))
             return 127
-    if not reply or reply[0] != b"compile" or len(reply) < 4:
-        return None
-    nvcc = os.fsdecode(reply[1])
-    return _compile(directory, (args, cwd), nvcc, (reply[2] == b"1", reply[3] == b"1"), reply[4:])
+    if reply and reply[0] == b"compile" and len(reply) >= 4:
+        nvcc = os.fsdecode(reply[1])
+        status = _compile(
+            directory, (args, cwd), nvcc, (reply[2] == b"1", reply[3] == b"1"), reply[4:]
+        )
+        if status is not None:
+            return status
+    # The in-process launcher takes over. The server may hold this call's flight claim (a
+    # plan answered after we stopped waiting, a compile that could not start): give it
+    # back, or the launcher would wait for its own compile (nvcc.flight).
+    client.ask(directory, args, cwd, [COMPILE, b"abandon"], PLAN_TIMEOUT)
+    return None
 
 
 def _lookup(

@@ -79,8 +79,10 @@ class Flying:
         ``False``: someone compiles it now."""
         self.sweep()
         key = flight_key(direct)
-        if key in self._held:
-            return False  # another client of this server: the sweep found it alive
+        found = self._held.get(key)
+        if found is not None:
+            # Held for this very client already (it asked again): still its to compile.
+            return found[1] == pid  # else another client of this server, alive
         held = cache.claim(key, timeout=0.0)
         if held.contended or held.entry is not None:
             held.abandon()

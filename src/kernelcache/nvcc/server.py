@@ -244,6 +244,9 @@ class Server:
                 )
             elif step == b"lookup":
                 reply = compiling.lookup(settings, cache, job, request[1 : 1 + fields])
+            elif step == b"abandon":  # the client compiles in process: its claim is free
+                self.flying.land(job.direct, pid)
+                return [b"ok"]
             else:
                 try:
                     return compiling.store(settings, cache, job, request[1 : 1 + fields])
