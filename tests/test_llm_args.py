@@ -139,3 +139,23 @@ def test_threads_is_checked_by_nvcc_not_the_key() -> None:
     """``--threads`` takes a value: one missing it is refused like any option's."""
     inv = nvcc_args.parse(["-c", "k.cu", "--threads"], environ={})
     assert inv.reason == "option --threads is missing its value"
+
+
+@pytest.mark.parametrize(
+    ("source", "folder"),
+    [
+        pytest.param("/cache/tmp/u1/kernel.cu", "/cache/tmp/u1", id="normal"),
+        pytest.param("/cache/tmp/x/../u1/kernel.cu", None, id="dot-dot"),
+        pytest.param("/cache//tmp/u1/kernel.cu", None, id="double-slash"),
+        pytest.param("kernel.cu", None, id="relative"),
+    ],
+)
+def test_only_a_normally_spelled_source_path_leaves_its_folder_out(
+    source: str, folder: str | None
+) -> None:
+    # __FILE__ is the path as written; the output is searched for the folder's normal
+    # spelling, so another spelling could hide a named folder and be served elsewhere.
+    from kernelcache.nvcc import key
+
+    inv = nvcc_args.parse(["-cubin", "-arch=sm_90", source, "-o", "k.cubin"], environ={})
+    assert key.portable_folder(inv, {}) == folder

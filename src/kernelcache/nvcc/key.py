@@ -112,9 +112,11 @@ def portable_folder(inv: Invocation, env: Mapping[str, str]) -> str | None:
     source = inv.source or ""
     if inv.mode not in _PORTABLE_MODES or inv.debug or not os.path.isabs(source):
         return None
-    if env.get("KERNELCACHE_BASEDIR"):
+    if env.get("KERNELCACHE_BASEDIR") or source != os.path.normpath(source):
+        # __FILE__ is the path as written: only a normal spelling is what names_folder
+        # looks for in the output (/a/b/../c/k.cu would be found nowhere, and shared).
         return None
-    folder = os.path.dirname(os.path.normpath(source))
+    folder = os.path.dirname(source)
     return folder if folder != os.sep else None
 
 
