@@ -223,6 +223,20 @@ def test_recent_misses_and_the_filed_last_miss(tmp_path: Path) -> None:
     (Path(record.last_miss_path(str(cache_dir), "demo"))).write_text("[")
     with pytest.raises(ValueError, match="not a last-miss record"):
         record.last_miss(str(cache_dir), "demo")
+    # A FIFO planted in its place is refused at once, never waited on (review).
+    filed_path = Path(record.last_miss_path(str(cache_dir), "demo"))
+    filed_path.unlink()
+    os.mkfifo(filed_path)
+    with pytest.raises(ValueError, match="not a regular file"):
+        record.last_miss(str(cache_dir), "demo")
+    # A directory others may write is not read from.
+    explain_dir = filed_path.parent
+    explain_dir.chmod(0o777)
+    from kernelcache._trust import UntrustedDirectory
+
+    with pytest.raises(UntrustedDirectory):
+        record.last_miss(str(cache_dir), "demo")
+    explain_dir.chmod(0o700)
 
 
 def test_explain_a_key_names_the_field_against_the_nearest_entry(tmp_path: Path) -> None:

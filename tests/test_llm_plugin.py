@@ -115,6 +115,21 @@ def test_setup_deepgemm_writes_the_shim_once(
     assert "--nvcc /no/nvcc: not an executable file" in capsys.readouterr().err
 
 
+def test_the_shim_is_never_written_where_others_could_change_it(tmp_path: Path) -> None:
+    # Every vLLM rank runs it: a cache directory writable by others gets no shim (review).
+    from kernelcache._trust import UntrustedDirectory
+
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(UntrustedDirectory):
+        shim.install(str(shared / "c"), str(fake))
+    assert not (shared / "c").exists()
+
+
 def test_without_nvcc_the_shim_says_how_to_fix_it(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="set CUDA_HOME"):
         shim.real_nvcc({"PATH": str(tmp_path)})

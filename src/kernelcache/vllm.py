@@ -73,8 +73,10 @@ def configure(env: os._Environ[str] | dict[str, str]) -> tuple[dict[str, str], l
         wanted["PYTORCH_NVCC"] = f"{shlex.quote(launcher)} {shlex.quote(nvcc)}"
         if "DG_JIT_NVCC_COMPILER" not in env:
             try:
-                directory = Settings.load(environ=dict(env)).dir
-                wanted["DG_JIT_NVCC_COMPILER"] = shim.install(directory, nvcc, launcher)
+                settings = Settings.load(environ=dict(env))
+                if settings.read_only:  # the shim is a file written in the cache directory
+                    raise KernelCacheError("KERNELCACHE_READONLY is set: no shim is written")
+                wanted["DG_JIT_NVCC_COMPILER"] = shim.install(settings.dir, nvcc, launcher)
             except (OSError, KernelCacheError) as exc:
                 missing.append(f"DG_JIT_NVCC_COMPILER ({exc})")
     set_now = {name: value for name, value in wanted.items() if name not in env}

@@ -14,6 +14,7 @@ import argparse
 import os
 from typing import Any
 
+from kernelcache._trust import UntrustedDirectory
 from kernelcache.cli.common import open_cache
 from kernelcache.cli.output import format_time, print_json
 from kernelcache.errors import ConfigError
@@ -47,7 +48,7 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
 def _last_miss(settings: Settings, kind: str) -> dict[str, Any]:
     try:
         record = last_miss(settings.dir, kind)
-    except ValueError as exc:
+    except (ValueError, UntrustedDirectory) as exc:
         raise ConfigError(str(exc)) from None
     if record is None:
         return {

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -112,11 +113,20 @@ def last_miss(cache_dir: str, kind: str) -> dict[str, Any] | None:
             f"unknown integration {kind!r} for --last-miss; use one of {', '.join(FAMILIES)}"
         )
     path = last_miss_path(cache_dir, name)
+    # Read as it was written: through the trusted directory (UntrustedDirectory if it is
+    # not), never a link, a FIFO or a device planted there.
+    folder = _trust.open_dir(explain_dir(cache_dir))
+    if folder is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = _trust.open_file(folder, os.path.basename(path), os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    finally:
+        os.close(folder)
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path} is not a last-miss record: not a regular file")
         raw = f.read(MAX_RECORD_BYTES + 1)
     try:
         doc = json.loads(raw)

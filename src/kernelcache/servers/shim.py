@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import sys
 from collections.abc import Mapping
 
-from kernelcache import _fs
+from kernelcache import _fs, _trust
 
 NAME = "deepgemm-nvcc"
 
@@ -64,14 +65,23 @@ def install(directory: str, nvcc: str | None = None, launcher: str | None = None
     nvcc = os.path.abspath(nvcc) if nvcc is not None else real_nvcc()
     launcher = launcher or front()
     folder = os.path.join(directory, "bin")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, NAME)
     wanted = text(launcher, nvcc).encode()
+    # A program every rank will run: only from a directory trusted as this user's own
+    # (UntrustedDirectory otherwise), read and written through its checked descriptor.
+    fd = _trust.open_dir(folder, allow_root=False, create=True)
+    if fd is None:  # create=True: made, or raised
+        raise FileNotFoundError(f"cannot make {folder}")
     try:
-        with open(path, "rb") as f:
-            if f.read() == wanted:
-                return path  # unchanged: every rank of a server may ask at once
-    except FileNotFoundError:
-        pass
-    _fs.write_atomic(path, wanted, mode=0o755)
+        try:
+            existing = _trust.open_file(fd, NAME, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            with os.fdopen(existing, "rb") as f:
+                if stat.S_ISREG(os.fstat(f.fileno()).st_mode) and f.read() == wanted:
+                    return path  # unchanged: every rank of a server may ask at once
+        _fs.write_atomic(NAME, wanted, mode=0o755, dir_fd=fd)
+    finally:
+        os.close(fd)
     return path
