@@ -57,6 +57,7 @@ def test_a_record_flattens_nested_keys_dicts_and_file_rows() -> None:
         .add("env", {"CPATH": None, "HOME_SECRET": "x"})
         .add("included", [["inc", "a.cuh", b"\x01" * 32], ["inc", "b.cuh", b"\x02" * 32]])
         .add("api_token", "hunter2")
+        .add("defines", ["-O3", "-DAPI_TOKEN=hunter2"])
         .add("source", "x" * 1000)
         .hexdigest()
     )
@@ -69,6 +70,7 @@ def test_a_record_flattens_nested_keys_dicts_and_file_rows() -> None:
         "included[inc/a.cuh]": [],
         "included[inc/b.cuh]": [],
         "api_token": [],
+        "defines": [],  # a value that reads like a secret: a digest only (it goes to the team)
         "source": [],  # too large: a digest only
     }
     assert fields.summary("0" * 64) is None  # not built here

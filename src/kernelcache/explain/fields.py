@@ -199,6 +199,8 @@ def _keeps(label: str, value: object, encoded: bytes) -> bool:
         return False
     items = value if isinstance(value, list) else [value]
     flat = [v for item in items for v in (item if isinstance(item, list) else [item])]
+    if any(isinstance(v, str) and _SECRET.search(v) for v in flat):
+        return False  # -DAPI_TOKEN=...: the record goes to the team tier with the entry
     return all(
         v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float) and v == v)
         for v in flat
