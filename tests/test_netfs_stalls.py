@@ -224,3 +224,38 @@ def test_a_live_writer_s_staging_file_stays(tmp_path: Path) -> None:
     assert mine.exists()
     assert other.exists()
     disk.close()
+
+
+def test_a_writer_in_another_pid_namespace_is_not_judged_by_this_one_s_pids(
+    tmp_path: Path,
+) -> None:
+    # Containers on one host with the host's network share its name and boot id, not its
+    # pids: a live writer's pid there may be no process here (review). Its staging names
+    # carry another node tag, so this node's sweep leaves them alone.
+    from kernelcache.stores.disk import layout
+
+    code = "from kernelcache.stores.disk import layout; print(layout._NODE)"
+    try:
+        proc = subprocess.run(
+            ["unshare", "--pid", "--fork", sys.executable, "-c", code],
+            env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if proc.returncode != 0:
+        pytest.skip(f"cannot make a pid namespace here: {proc.stderr.strip()}")
+    theirs = proc.stdout.strip()
+    ours = layout._NODE  # noqa: SLF001
+    assert theirs != ours
+    done = subprocess.Popen(["true"])
+    done.wait()  # a pid that is no process of this namespace
+    disk = DiskStore(tmp_path / "cache")
+    name = disk.layout.staged("k").replace(f"{ours}-{os.getpid()}.", f"{theirs}-{done.pid}.")
+    other = Path(name + ".tmp")
+    other.write_bytes(b"a live writer in another container")
+    disk.sweep()
+    assert other.exists()
+    disk.close()

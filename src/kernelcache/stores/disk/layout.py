@@ -51,8 +51,8 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
 _SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
 
 
-#: This node (host and boot) as staging names carry it: a sweep on this node tells a
-#: dead writer's leftover from a live one's file by its pid (issue 40).
+#: This node (host, boot and pid namespace) as staging names carry it: a sweep on this
+#: node tells a dead writer's leftover from a live one's file by its pid (issue 40).
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
@@ -61,7 +61,20 @@ def _boot_id() -> str:
         return "-"
 
 
-_NODE = "n" + xxhash.xxh64_hexdigest(f"{os.uname().nodename} {_boot_id()}".encode())[:12]
+def _pid_namespace() -> str:
+    """Containers on one host (host network, so one name and boot id) see different pids:
+    a pid is checked only by a process of the same pid namespace."""
+    try:
+        st = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return "-"
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+_NODE = (
+    "n"
+    + xxhash.xxh64_hexdigest(f"{os.uname().nodename} {_boot_id()} {_pid_namespace()}".encode())[:12]
+)
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n"
 
 
