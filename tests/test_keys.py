@@ -168,3 +168,19 @@ def test_the_encoding_is_pinned() -> None:
     """The key of today's encoding (schema 2, ints as bytes since issue 19): a change of
     the encoding must bump SCHEMA_VERSION, and then this digest changes too."""
     assert make_key("x", a=1) == "2f58c3813f9a20aacd1fe9e9e76fc6af98e23fefd06c89bc4a8d48e26e385b32"
+
+
+def test_the_fields_kept_for_explain_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVRTC keys hold whole sources and headers: a JIT process building many variants
+    # keeps only about BUILT_MAX_BYTES of them for `kernelcache explain` (review).
+    from kernelcache import keys
+
+    monkeypatch.setattr(keys, "BUILT_MAX_BYTES", 1 << 20)
+    made = [
+        keys.KeyBuilder("t.big").add("source", bytes([i]) * (256 << 10)).hexdigest()
+        for i in range(40)
+    ]
+    held = sum(len(e) for _, fields in keys._BUILT.values() for _, e in fields)  # noqa: SLF001
+    assert held <= (1 << 20) + (256 << 10) + 64
+    assert keys.built(made[-1]) is not None  # the newest is kept
+    assert keys.built(made[0]) is None

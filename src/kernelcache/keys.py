@@ -12,7 +12,6 @@ Pure functions only: no I/O, so keys can be tested without storage.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import struct
 from collections import deque
@@ -107,9 +106,17 @@ def _encode(value: Any, depth: int) -> bytes:
 #: one, can say what it was made of (:mod:`kernelcache.explain`). Bounded (the
 #: oldest goes first); the encodings are only referenced, never copied.
 BUILT_MAX = 512
+#: ... and at most about this many bytes of encodings: NVRTC keys hold sources and header
+#: contents, and a JIT process that builds many variants must not keep hundreds of MB.
+BUILT_MAX_BYTES = 64 << 20
 _BUILT: dict[str, tuple[str, tuple[tuple[str, bytes], ...]]] = {}
+_built_bytes = [0]  # of the encodings _BUILT holds (approximate under races: a bound)
 #: Keys this process missed lately (``Cache.get``), newest last.
 MISSED: deque[str] = deque(maxlen=32)
+
+
+def _size(fields: tuple[tuple[str, bytes], ...]) -> int:
+    return sum(len(encoded) for _, encoded in fields)
 
 
 def built(key: str) -> tuple[str, tuple[tuple[str, bytes], ...]] | None:
@@ -183,11 +190,17 @@ class KeyBuilder:
     def hexdigest(self) -> str:
         """The key as 64 lowercase hex characters (what stores take)."""
         key = self._hash.copy().hexdigest()
-        _BUILT[key] = (self.namespace, tuple(self._fields))
-        if len(_BUILT) > BUILT_MAX:
+        fields = tuple(self._fields)
+        old = _BUILT.get(key)
+        _BUILT[key] = (self.namespace, fields)
+        _built_bytes[0] += _size(fields) - (_size(old[1]) if old is not None else 0)
+        while len(_BUILT) > BUILT_MAX or (_built_bytes[0] > BUILT_MAX_BYTES and len(_BUILT) > 1):
             # The oldest; another thread changing the table meanwhile raises RuntimeError.
-            with contextlib.suppress(RuntimeError):
-                _BUILT.pop(next(iter(_BUILT), ""), None)
+            try:
+                gone = _BUILT.pop(next(iter(_BUILT)))
+            except (RuntimeError, StopIteration, KeyError):
+                break
+            _built_bytes[0] -= _size(gone[1])
         return key
 
 
