@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import results as shared  # benchmarks/results.py: the one --json shape
 from redis_server import RedisServer
 
 STAMPEDE = 4
@@ -244,6 +245,7 @@ def main() -> None:
         "--child", nargs=3, metavar=("MODE", "LAYERS", "GO"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
+    started = shared.machine()
     if args.child:
         child(args.child[0], int(args.child[1]), args.child[2])
         return
@@ -277,8 +279,14 @@ def main() -> None:
     print(f"\nmedian of {args.repeat}; cold compile {results['cold']['seconds']:.2f} s")
     print("\n| target (issue 36) | measured | verdict |\n|---|---|---|")
     print("\n".join(f"| {t['target']} | {t['measured']} | {t['verdict']} |" for t in table))
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "targets": table}, indent=1))
+    doc = shared.document(
+        "bench_jax",
+        contenders=["JAX alone", "JAX's directory cache", "kernelcache.jax (team tier: Redis)"],
+        targets=table,
+        details=results,
+        started=started,
+    )
+    shared.write(args.json, doc)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import argparse
 import functools
 import http.client
 import importlib
-import json
 import os
 import shutil
 import statistics
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import object_servers as servers  # noqa: E402
+import results  # noqa: E402
 from kernelcache import Entry  # noqa: E402
 from kernelcache.stores.http import HTTPStore  # noqa: E402
 from kernelcache.stores.http.objects import ObjectStore  # noqa: E402
@@ -296,6 +296,7 @@ def main() -> int:
     parser.add_argument("--no-build", action="store_true", help="skip the CMake comparison")
     parser.add_argument("--only-build", action="store_true", help="the CMake comparison alone")
     args = parser.parse_args()
+    started = results.machine()
     if servers.MISSING_CEPH or servers.MISSING_NGINX:
         print(
             "radosgw/ceph or nginx missing: apt-get install radosgw ceph-mon ceph-osd ceph-common nginx"
@@ -345,9 +346,53 @@ def main() -> int:
             red.kill()
             web.stop()
             rgw.stop()
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=2))
+    doc = results.document(
+        "bench_remote",
+        contenders=["kernelcache S3Store / HTTPStore", "bare signed HTTP", "boto3", "sccache (S3)"],
+        targets=targets(),
+        details=RESULTS,
+        started=started,
+    )
+    results.write(args.json, doc)
     return 0
+
+
+def targets() -> list[dict[str, str]]:
+    """Issue 41's targets from the figures: a hit within 1.2x the bare GET, and the second
+    machine's build through S3 within 1.2x of Redis and under sccache's."""
+    rows = []
+    for row in RESULTS.get("transfers", []):
+        if row["op"] == "get":
+            ratio = row["ours"] / row["bare"]
+            rows.append(
+                results.target(
+                    f"{row['tier']} get {row['size']} <= {TARGET}x the bare client's GET",
+                    f"{row['ours']:.2f} / {row['bare']:.2f} ms",
+                    ratio <= TARGET,
+                    ratio=f"{ratio:.2f}×",
+                )
+            )
+    built = RESULTS.get("second_machine_s")
+    if built:
+        s3, redis = built["kernelcache S3"], built["kernelcache Redis"]
+        rows.append(
+            results.target(
+                f"second machine's CMake build through S3 <= {TARGET}x through Redis",
+                f"{s3:.2f} / {redis:.2f} s",
+                s3 <= TARGET * redis,
+                ratio=f"{s3 / redis:.2f}×",
+            )
+        )
+        if "sccache S3" in built:
+            rows.append(
+                results.target(
+                    "second machine's build through S3 well under sccache's S3 backend",
+                    f"{s3:.2f} / {built['sccache S3']:.2f} s",
+                    s3 < built["sccache S3"],
+                    ratio=f"{s3 / built['sccache S3']:.2f}×",
+                )
+            )
+    return rows
 
 
 if __name__ == "__main__":
