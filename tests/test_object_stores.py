@@ -512,7 +512,10 @@ def test_bench_remote_runs_end_to_end(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["transfers"]
+    doc = json.loads(out.read_text())  # benchmarks/results.py's shape
+    assert doc["benchmark"] == "bench_remote"
+    assert {t["verdict"] for t in doc["targets"]} <= {"PASS", "MISS"}
+    rows = doc["details"]["transfers"]
     assert {(r["tier"], r["op"], r["size"]) for r in rows} == {
         (tier, op, size)
         for tier in ("s3", "http")
