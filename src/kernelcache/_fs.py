@@ -258,3 +258,24 @@ def ownership_problem(st: os.stat_result, *, allow_root: bool = True) -> str | N
     if st.st_mode & 0o022:
         return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def boot_id() -> str:
+    """This boot of this machine (with the host name, what tells a pid's process apart)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return "-"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace runs; another user's counts as alive,
+    and so does anything that cannot be told (a lock or staging file is then kept)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: someone else's process
+    return True

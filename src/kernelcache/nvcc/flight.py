@@ -23,9 +23,10 @@ if it still misses.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
+
+from kernelcache._fs import pid_alive
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -103,19 +104,9 @@ class Flying:
         """Give up the claims of clients that died, or that compile for longer than ``limit``."""
         now = time.monotonic()
         for key, (held, pid, since) in list(self._held.items()):
-            if not _alive(pid) or now - since > limit:
+            if not pid_alive(pid) or now - since > limit:
                 del self._held[key]
                 held.abandon()
 
     def close(self) -> None:
         self.sweep(limit=-1.0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

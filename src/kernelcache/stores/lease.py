@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from kernelcache._fs import exists_afresh, unique
+from kernelcache._fs import boot_id, exists_afresh, pid_alive, unique
 from kernelcache.errors import StoreError
 
 #: A holder that stops renewing for this long is taken over (seconds).
@@ -88,26 +88,8 @@ def _fresh_stripes_in_child() -> None:
 os.register_at_fork(after_in_child=_fresh_stripes_in_child)
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return "-"
-
-
 _HOST = os.uname().nodename
-_BOOT = _boot_id()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
+_BOOT = boot_id()
 
 
 def read_record(path: str) -> bytes | None:
@@ -139,7 +121,7 @@ def dead_here(record: bytes) -> bool:
         return False
     if pid == os.getpid():
         return fields[3].decode(errors="replace") not in _held
-    return not _alive(pid)
+    return not pid_alive(pid)
 
 
 class LeaseLock:

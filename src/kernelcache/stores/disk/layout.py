@@ -53,14 +53,6 @@ _SHARD_NAMES = tuple(f"{i:x}" for i in range(SHARDS))
 
 #: This node (host, boot and pid namespace) as staging names carry it: a sweep on this
 #: node tells a dead writer's leftover from a live one's file by its pid (issue 40).
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return "-"
-
-
 def _pid_namespace() -> str:
     """Containers on one host (host network, so one name and boot id) see different pids:
     a pid is checked only by a process of the same pid namespace."""
@@ -73,7 +65,9 @@ def _pid_namespace() -> str:
 
 _NODE = (
     "n"
-    + xxhash.xxh64_hexdigest(f"{os.uname().nodename} {_boot_id()} {_pid_namespace()}".encode())[:12]
+    + xxhash.xxh64_hexdigest(f"{os.uname().nodename} {_fs.boot_id()} {_pid_namespace()}".encode())[
+        :12
+    ]
 )
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# kernelcache directory\n"
 
@@ -149,13 +143,7 @@ def _left_here(name: str) -> bool:
     pid = tag.partition("-")[2] if tag is not None else ""
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # EPERM: another user's process, alive
-    return False
+    return not _fs.pid_alive(int(pid))
 
 
 class Layout:
