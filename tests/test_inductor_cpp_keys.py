@@ -187,7 +187,7 @@ def test_header_scans_are_remembered_until_a_header_changes(
 
     def scan() -> tuple[str, int]:
         scans = HeaderScans()  # a new process: nothing remembered in memory
-        return scans.digest(gxx, "g++ identity", [f"-I{inc}"], text, memo), scans.runs
+        return scans.digest(gxx, "g++ identity", [f"-I{inc}"], text, memo).digest, scans.runs
 
     first, runs = scan()
     assert (runs, len(records)) == (1, 1)
