@@ -3,9 +3,11 @@
 Real torch.compile (torch 2.13 CPU) and real g++, behind a wrapper that logs
 every command line; each "machine" is a child process with its own
 TORCHINDUCTOR_CACHE_DIR and temporary directory (torch's precompiled headers),
-sharing one kernelcache disk tier. The second machine and the third (on a damaged
-copy of that tier) run at the same time; a fourth runs after a header the
-kernel reads changed (an ``omp.h`` in a ``CPATH`` folder, in front of g++'s own).
+each with a local disk tier of its own, sharing one team tier (a real
+redis-server). The second machine and the third (whose team tier is a damaged
+copy of the first machine's disk tier) run at the same time; a fourth runs
+after a header the kernel reads changed (an ``omp.h`` in a ``CPATH`` folder,
+in front of g++'s own).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 pytest.importorskip("torch")
 from children import finish, start
 from kernelcache.stores.disk import DiskStore
+from redis_server import RedisServer
 
 CHILD = Path(__file__).with_name("inductor_cpp_child.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +48,7 @@ TORCH_PROBES = ("--version", "-v")
 class Machine:
     """A child process compiling with its own cache directories; g++ runs are logged."""
 
-    def __init__(self, tmp: Path, name: str, shared: Path, wrapper: Path, cpath: Path) -> None:
+    def __init__(self, tmp: Path, name: str, team: str, wrapper: Path, cpath: Path) -> None:
         home = tmp / name
         (home / "tmp").mkdir(parents=True)
         self.log = home / "g++.log"
@@ -61,7 +64,8 @@ class Machine:
             "CPATH": str(cpath),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
         }
-        self.proc = start(CHILD, env, str(shared))
+        self.local = home / "kc-disk"
+        self.proc = start(CHILD, env, team, str(self.local))
 
     def finish(self) -> tuple[dict[str, Any], list[str]]:
         report = finish(self.proc)
@@ -94,30 +98,33 @@ def _corrupt_entries(shared: Path, kind: str) -> int:
 
 
 @pytest.mark.slow
-def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path: Path) -> None:
+def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(
+    tmp_path: Path, redis_server: RedisServer, ns: str
+) -> None:
     assert GXX is not None
     wrapper = tmp_path / "bin" / "g++"
     wrapper.parent.mkdir()
     wrapper.write_text(WRAPPER.format(gxx=GXX))
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    shared = tmp_path / "team"
+    team = f"{redis_server.url}?namespace={ns}"
     cpath = tmp_path / "include"
     cpath.mkdir()
     (cpath / "omp.h").write_text("#include_next <omp.h>\n")
 
-    def machine(name: str, tier: Path) -> Machine:
+    def machine(name: str, tier: str) -> Machine:
         return Machine(tmp_path, name, tier, wrapper, cpath)
 
-    first, first_cmds = machine("one", shared).finish()
+    one = machine("one", team)
+    first, first_cmds = one.finish()
     assert first["equal"]
     assert first["stats"]["compiles"] >= 2  # the ISA probe and the kernel, at least
     assert len(_builds(first_cmds)) >= first["stats"]["compiles"]
 
     damaged = tmp_path / "team-damaged"
-    shutil.copytree(shared, damaged)
+    shutil.copytree(one.local, damaged)
     assert _corrupt_entries(damaged, "so") >= 2
-    two = machine("two", shared)
-    three = machine("three", damaged)
+    two = machine("two", team)
+    three = machine("three", str(damaged))
 
     second, second_cmds = two.finish()
     assert second["equal"]
@@ -142,7 +149,7 @@ def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path:
     # A header the kernel reads changed: its manifest variant fails, the scan runs, and
     # the kernel is compiled again (the stored .so was built against the old header).
     (cpath / "omp.h").write_text("#include_next <omp.h>\n#define KC_TEST_CHANGED 1\n")
-    fourth, fourth_cmds = machine("four", shared).finish()
+    fourth, fourth_cmds = machine("four", team).finish()
     assert fourth["equal"]
     assert fourth["stats"]["header_scans"] >= 1
     assert fourth["stats"]["compiles"] >= 1
