@@ -113,6 +113,21 @@ def test_directives_keep_continuations_and_commented_hashes() -> None:
     assert directives(text) == "#define M \\\n  2\n/* c */ #include <x>\n  # if 1\n"
 
 
+def test_directives_leave_out_openmp_pragmas() -> None:
+    # g++ 12 fails on them under -fopenmp -E -fdirectives-only (every parallel kernel).
+    text = "#include <x>\n  #pragma omp parallel for \\\n collapse(2)\n#pragma once\n"
+    assert directives(text) == "#include <x>\n#pragma once\n"
+
+
+def test_a_kernel_with_openmp_pragmas_is_keyed(tmp_path: Path, inc: Path) -> None:
+    # A directive after the pragma is what g++ 12 fails on (torch's kernels: #ifdef lines).
+    loop = (
+        "void g(int* a) {\n  #pragma omp parallel for\n  for (int i = 0; i < 8; ++i) a[i] = H;\n}\n"
+    )
+    source = SOURCE + loop + "#define AFTER 1\n"
+    assert _key(_builder(tmp_path / "a", source, flags="-O3 -fopenmp", inc=inc))
+
+
 def test_install_and_restore_put_torch_back_exactly() -> None:
     from torch._inductor import codecache, cpp_builder
 

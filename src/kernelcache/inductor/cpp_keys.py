@@ -68,6 +68,10 @@ ENV_VARS = (
 
 # A directive: '#' or the '%:' digraph first on a line, after blanks and block comments.
 _DIRECTIVE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)")
+# An OpenMP pragma: g++ 12 fails on one under -fopenmp -E -fdirectives-only ("internal
+# compiler error: unspellable token PRAGMA_EOL"), which left every kernel with a
+# parallel loop uncached (issue 40). It includes nothing and defines nothing.
+_OMP_PRAGMA = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)\s*pragma\s+omp\b")
 
 
 # torch 2.13's private CppBuilder fields a key reads (the command line in pieces).
@@ -167,14 +171,22 @@ def directives(text: str) -> str:
 
     What a compile of ``text`` includes depends on these lines only; a line that
     merely looks like one (inside a comment) adds a header to the key, never
-    removes one.
+    removes one. OpenMP pragmas are left out (they include and define nothing,
+    and g++ 12 cannot preprocess them so: :data:`_OMP_PRAGMA`).
     """
     out: list[str] = []
-    continued = False
+    continued = skipped = False
     for line in text.splitlines():
-        if continued or _DIRECTIVE.match(line):
-            out.append(line)
-            continued = line.endswith("\\")
+        if continued:
+            if not skipped:
+                out.append(line)
+        elif _DIRECTIVE.match(line):
+            skipped = _OMP_PRAGMA.match(line) is not None
+            if not skipped:
+                out.append(line)
+        else:
+            continue
+        continued = line.endswith("\\")
     return "\n".join(out) + "\n"
 
 
