@@ -16,6 +16,11 @@ first call's wall time (compile + one run), for
 - the stampede: four machines released together against an empty team tier,
   with torch's remote cache and with kernelcache (compiles summed, wall time).
 
+Every machine runs g++ through a wrapper that logs its command lines: each
+row counts the g++ runs (builds, kernelcache's header scans and
+``-march=native`` probe; torch's own ``--version``/``-v`` probes, which both
+sides run, apart).
+
 A first, unmeasured machine compiles before them all (the page cache). With
 ``--repeat N`` each cold row is the median of N runs, torch's and kernelcache's
 interleaved. Prints a table, the ratios and a verdict per target of issues 21
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +49,30 @@ from redis_server import RedisServer
 
 STAMPEDE = 4
 SECRET = "bench-inductor-secret"
+# Logs each g++ command line (the log's path comes from the environment: one script for
+# every machine, as its content is in the compiler's identity).
+WRAPPER = """#!/bin/sh
+printf '%s\\n' "$*" >> "$KC_BENCH_GXX_LOG"
+exec {gxx} "$@"
+"""
+#: torch's own g++ probes (cpp_builder's _is_gcc, get_compiler_version_info, ...).
+TORCH_PROBES = ("--version", "-v")
+
+
+def gxx_runs(log: Path) -> dict[str, int]:
+    """The g++ runs a machine logged, by kind."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    counts = dict.fromkeys(("runs", "builds", "scans", "torch_probes"), 0)
+    for line in lines:
+        if line in TORCH_PROBES:
+            counts["torch_probes"] += 1
+            continue
+        counts["runs"] += 1
+        if "-fdirectives-only" in line:
+            counts["scans"] += 1
+        elif " -E " not in line and any(b in line for b in (" -shared", " -c ", "c++-header")):
+            counts["builds"] += 1
+    return counts
 
 
 # The child: one machine's compile -------------------------------------------
@@ -105,6 +135,13 @@ def child(model_name: str, mode: str, go: str) -> None:
 class Machines:
     def __init__(self, root: Path, redis_port: int) -> None:
         self.root, self.port, self.count = root, redis_port, 0
+        gxx = shutil.which("g++")
+        if gxx is None:
+            raise SystemExit("bench_inductor needs g++ on PATH")
+        self.wrapper = root / "bin" / "g++"
+        self.wrapper.parent.mkdir(exist_ok=True)
+        self.wrapper.write_text(WRAPPER.format(gxx=gxx))
+        self.wrapper.chmod(0o755)
 
     def new(self) -> Path:
         self.count += 1
@@ -119,6 +156,8 @@ class Machines:
             "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
             "TMPDIR": str(home / "tmp"),
             "KERNELCACHE_DIR": str(home / "kc"),
+            "CXX": str(self.wrapper),
+            "KC_BENCH_GXX_LOG": str(home / "g++.log"),
         }
         if mode == "torch-remote":
             env.update(
@@ -134,24 +173,31 @@ class Machines:
             )
         return env
 
-    def start(self, home: Path, model: str, mode: str, namespace: str, go: str = "") -> Any:
+    def start(
+        self, home: Path, model: str, mode: str, namespace: str, go: str = ""
+    ) -> tuple[Any, Path]:
         cmd = [sys.executable, __file__, "--child", model, mode, go]
-        return subprocess.Popen(
+        log = home / "g++.log"
+        log.unlink(missing_ok=True)  # a machine run again (torch warm) counts its own runs
+        proc = subprocess.Popen(
             cmd, env=self.env(home, mode, namespace), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        return proc, log
 
     def run(self, home: Path, model: str, mode: str, namespace: str = "") -> dict[str, Any]:
         return _finish(self.start(home, model, mode, namespace))
 
 
-def _finish(proc: Any) -> dict[str, Any]:
+def _finish(started: tuple[Any, Path]) -> dict[str, Any]:
+    proc, log = started
     out, err = proc.communicate(timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"a machine failed:\n{err[-4000:]}")
     report: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     if not report["equal"]:
         raise RuntimeError("compiled output differs from eager")
+    report["gxx"] = gxx_runs(log)
     return report
 
 
@@ -166,6 +212,7 @@ def stampede(machines: Machines, model: str, mode: str, namespace: str) -> dict[
         "wall": time.perf_counter() - start,
         "fx_miss": sum(r["fx_miss"] for r in reports),
         "cpp_compiles": sum(r["cpp"].get("compiles", 0) for r in reports),
+        "gxx_runs": sum(r["gxx"]["runs"] for r in reports),
     }
 
 
@@ -212,6 +259,7 @@ def verdicts(model: str, r: dict[str, Any]) -> list[dict[str, str]]:
         return float(r[name]["seconds"])
 
     second, remote = sec("kernelcache second machine"), sec("torch remote")
+    runs = r["kernelcache second machine"]["gxx"]["runs"]
     cold_ratio = sec("kernelcache cold") / sec("cold")
     kc, tr = r["stampede kernelcache"], r["stampede torch remote"]
     ours = kc["fx_miss"]  # graphs compiled; C++ builds are single-flight too (cpp_compiles)
@@ -219,6 +267,9 @@ def verdicts(model: str, r: dict[str, Any]) -> list[dict[str, str]]:
         {"target": f"{model}: second machine <= torch remote cache", "measured":
          f"{second:.2f} s vs {remote:.2f} s ({second / remote:.2f}x)",
          "verdict": "PASS" if second <= remote else "MISS"},
+        {"target": f"{model}: second machine runs no g++ (issue 40)", "measured":
+         f"{runs} g++ runs (torch remote: {r['torch remote']['gxx']['runs']})",
+         "verdict": "PASS" if runs == 0 else "MISS"},
         {"target": f"{model}: stampede compiles once (torch: {STAMPEDE})", "measured":
          f"{ours:g} vs torch {tr['fx_miss']} graph compiles; wall {kc['wall']:.1f} s vs {tr['wall']:.1f} s",
          "verdict": "PASS" if ours == 1 else "MISS"},
@@ -255,17 +306,19 @@ def main() -> None:
                 table += verdicts(model, figures[model])
         finally:
             server.stop()
-    print("| model | scenario | first call s | FX misses | C++ compiles |\n|---|---|---|---|---|")
+    print("| model | scenario | first call s | FX misses | C++ compiles | g++ runs "
+          "(builds, scans) |\n|---|---|---|---|---|---|")  # fmt: skip
     for model, rows in figures.items():
         for name, row in rows.items():
             if "seconds" in row:
                 compiles = row["cpp"].get("compiles", "") if row["cpp"] else ""
-                print(
-                    f"| {model} | {name} | {row['seconds']:.2f} | {row['fx_miss']} | {compiles} |"
-                )
+                g = row["gxx"]
+                print(f"| {model} | {name} | {row['seconds']:.2f} | {row['fx_miss']} | "
+                      f"{compiles} | {g['runs']} ({g['builds']}, {g['scans']}) |")  # fmt: skip
             else:
                 print(f"| {model} | {name} (x{STAMPEDE}) | wall {row['wall']:.2f} | "
-                      f"{row['fx_miss']} | {row['cpp_compiles']} |")  # fmt: skip
+                      f"{row['fx_miss']} | {row['cpp_compiles']} | {row['gxx_runs']} |")  # fmt: skip
+    print("(g++ runs: torch's own --version/-v probes, run on every side, not counted)")
     for model, rows in figures.items():
         for name in ("cold", "kernelcache cold"):
             runs = ", ".join(f"{s:.2f}" for s in rows[name]["runs_s"])

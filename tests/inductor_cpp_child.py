@@ -3,9 +3,10 @@ through kernelcache: the ISA probe's ``.so`` and one kernel's (each kernel more 
 cost another ~5 s of g++ per cold machine).
 
 Run by tests/test_inductor_cpp.py with its own TORCHINDUCTOR_CACHE_DIR and
-TMPDIR (torch's precompiled headers live under the temporary directory), and
-a kernelcache disk tier at argv[1] shared with the other "machines". Prints
-one JSON line: the hooks' counters and whether the outputs equal eager's.
+TMPDIR (torch's precompiled headers live under the temporary directory), its
+own local disk tier at argv[2] and a team tier at argv[1] shared with the other
+"machines": a Redis URL, or a disk tier's folder. Prints one JSON line: the
+hooks' counters and whether the outputs equal eager's.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from kernelcache.inductor import cpp
 from kernelcache.patching import Patches
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
+from kernelcache.stores.redis import RedisStore
 
 
 def main() -> None:
-    cache = Cache([MemoryStore(), DiskStore(sys.argv[1])], persist_stats=False)
+    team, local = sys.argv[1:3]
+    shared = RedisStore(team) if team.startswith("redis://") else DiskStore(team)
+    cache = Cache([MemoryStore(), DiskStore(local), shared], persist_stats=False)
     patches = Patches()
     cpp.install(patches, lambda: cache)
     torch.manual_seed(0)

@@ -1,10 +1,13 @@
-"""torch.compile's C++ builds on CPU through kernelcache: a second machine runs no g++ build.
+"""torch.compile's C++ builds on CPU through kernelcache: a second machine runs no g++ at all.
 
 Real torch.compile (torch 2.13 CPU) and real g++, behind a wrapper that logs
 every command line; each "machine" is a child process with its own
 TORCHINDUCTOR_CACHE_DIR and temporary directory (torch's precompiled headers),
-sharing one kernelcache disk tier. The second machine and the third (on a damaged
-copy of that tier) run at the same time.
+each with a local disk tier of its own, sharing one team tier (a real
+redis-server). The second machine and the third (whose team tier is a damaged
+copy of the first machine's disk tier) run at the same time; a fourth runs
+after a header the kernel reads changed (an ``omp.h`` in a ``CPATH`` folder,
+in front of g++'s own).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import pytest
 pytest.importorskip("torch")
 from children import finish, start
 from kernelcache.stores.disk import DiskStore
+from redis_server import RedisServer
 
 CHILD = Path(__file__).with_name("inductor_cpp_child.py")
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +40,15 @@ exec {gxx} "$@"
 """
 
 
+#: The g++ runs torch makes itself, with or without a cache (cpp_builder: _is_gcc,
+#: get_compiler_version_info, ...): the wrapper logs their arguments alone.
+TORCH_PROBES = ("--version", "-v")
+
+
 class Machine:
     """A child process compiling with its own cache directories; g++ runs are logged."""
 
-    def __init__(self, tmp: Path, name: str, shared: Path, wrapper: Path) -> None:
+    def __init__(self, tmp: Path, name: str, team: str, wrapper: Path, cpath: Path) -> None:
         home = tmp / name
         (home / "tmp").mkdir(parents=True)
         self.log = home / "g++.log"
@@ -52,9 +61,11 @@ class Machine:
             "KERNELCACHE_DIR": str(home / "kc-local"),  # the toolchain memo: per machine
             "CXX": str(wrapper),
             "KC_TEST_GXX_LOG": str(self.log),
+            "CPATH": str(cpath),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
         }
-        self.proc = start(CHILD, env, str(shared))
+        self.local = home / "kc-disk"
+        self.proc = start(CHILD, env, team, str(self.local))
 
     def finish(self) -> tuple[dict[str, Any], list[str]]:
         report = finish(self.proc)
@@ -87,29 +98,43 @@ def _corrupt_entries(shared: Path, kind: str) -> int:
 
 
 @pytest.mark.slow
-def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path: Path) -> None:
+def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(
+    tmp_path: Path, redis_server: RedisServer, ns: str
+) -> None:
     assert GXX is not None
     wrapper = tmp_path / "bin" / "g++"
     wrapper.parent.mkdir()
     wrapper.write_text(WRAPPER.format(gxx=GXX))
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    shared = tmp_path / "team"
+    team = f"{redis_server.url}?namespace={ns}"
+    cpath = tmp_path / "include"
+    cpath.mkdir()
+    (cpath / "omp.h").write_text("#include_next <omp.h>\n")
 
-    first, first_cmds = Machine(tmp_path, "one", shared, wrapper).finish()
+    def machine(name: str, tier: str) -> Machine:
+        return Machine(tmp_path, name, tier, wrapper, cpath)
+
+    one = machine("one", team)
+    first, first_cmds = one.finish()
     assert first["equal"]
     assert first["stats"]["compiles"] >= 2  # the ISA probe and the kernel, at least
     assert len(_builds(first_cmds)) >= first["stats"]["compiles"]
 
     damaged = tmp_path / "team-damaged"
-    shutil.copytree(shared, damaged)
+    shutil.copytree(one.local, damaged)
     assert _corrupt_entries(damaged, "so") >= 2
-    two = Machine(tmp_path, "two", shared, wrapper)
-    three = Machine(tmp_path, "three", damaged, wrapper)
+    two = machine("two", team)
+    three = machine("three", str(damaged))
 
     second, second_cmds = two.finish()
     assert second["equal"]
     assert second["stats"]["compiles"] == 0
     assert second["stats"]["hits"] == first["stats"]["compiles"]
+    # Through the manifests: no header scan, no -march=native probe, no g++ run but
+    # torch's own probes (its command lines and graph keys name the compiler's version).
+    assert [c for c in second_cmds if c not in TORCH_PROBES] == [], "a second machine ran g++"
+    assert second["stats"]["direct_hits"] == first["stats"]["compiles"]
+    assert second["stats"]["header_scans"] == 0
     assert (first["stats"]["pch_built"], second["stats"]["pch_built"]) == (1, 0)
     assert _builds(second_cmds) == [], "a second machine ran a C++ build"
     assert not list((tmp_path / "two" / "tmp").rglob("*.gch")), "the PCH was not needed"
@@ -120,3 +145,15 @@ def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(tmp_path:
     assert third["stats"]["compiles"] == first["stats"]["compiles"]
     assert third["stats"]["pch_built"] == 1
     assert len([c for c in _builds(third_cmds) if " -shared" in c]) == first["stats"]["compiles"]
+
+    # A header the kernel reads changed: its manifest variant fails, the scan runs, and
+    # the kernel is compiled again (the stored .so was built against the old header).
+    (cpath / "omp.h").write_text("#include_next <omp.h>\n#define KC_TEST_CHANGED 1\n")
+    fourth, fourth_cmds = machine("four", team).finish()
+    assert fourth["equal"]
+    assert fourth["stats"]["header_scans"] >= 1
+    assert fourth["stats"]["compiles"] >= 1
+    assert (
+        fourth["stats"]["direct_hits"] == first["stats"]["compiles"] - fourth["stats"]["compiles"]
+    )
+    assert [c for c in _builds(fourth_cmds) if " -shared" in c]

@@ -17,11 +17,17 @@ when a build actually misses. Stored, it would be ~150 MB per flag set in
 every tier, and ~1 s more on every cold machine to store it, for the benefit
 of machines that miss a kernel anyway (which then pay torch's ~9 s).
 
-What still runs: once per process, ``g++ -v`` for what ``-march=native``
-means here (~15 ms) and each ISA probe's ``dlopen`` in a child Python
-(whether this CPU runs the code); once per machine and boot, one ``g++ -E
--fdirectives-only`` per distinct flag set (~0.1-0.3 s: the header part of the
-key, then remembered by the headers' stats: :mod:`kernelcache.inductor.headers`).
+A build is first looked up by its *direct key*, without running anything:
+the manifest there lists, per variant, the headers a build read with their
+digests, and a variant whose headers are unchanged gives the entry
+(:mod:`kernelcache.inductor.cpp_manifest`, ccache's direct mode). A hit so
+runs no g++ at all, on any machine. Only on a miss there (a new build, a
+header changed, another header layout) does the key of
+:mod:`kernelcache.inductor.cpp_keys` run its header scan: once per machine and
+boot, one ``g++ -E -fdirectives-only`` per distinct flag set (~0.1-0.3 s, then
+remembered by the headers' stats: :mod:`kernelcache.inductor.headers`), and
+``g++ -v`` once per process for what ``-march=native`` means here. Each ISA
+probe's ``dlopen`` still runs in a child Python (whether this CPU runs the code).
 
 torch has no seam for builds, so the hooks replace three names (the table
 below, probed as :data:`SEAMS` whatever torch's version: :mod:`kernelcache.versions`).
@@ -40,14 +46,16 @@ from typing import Any
 from kernelcache import _fs
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
+from kernelcache.inductor import cpp_manifest
 from kernelcache.inductor.cpp_keys import (
     Build,
     HeaderScans,
     Uncacheable,
-    build_key,
+    direct_key,
+    keyed,
     missing_fields,
 )
-from kernelcache.inductor.headers import Load, Save
+from kernelcache.inductor.headers import Load, Save, Scan
 from kernelcache.patching import Patches
 from kernelcache.singleflight import carried
 from kernelcache.stores.disk import DiskStore
@@ -85,7 +93,9 @@ SEAMS: tuple[Seam, ...] = (
 #: The one artifact of an entry: the build's output file.
 ARTIFACT = "output"
 MEMO = "headers.json"  # the one artifact of a header-scan memo
-COUNTERS = ("hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built")
+COUNTERS = (
+    "hits", "direct_hits", "misses", "compiles", "uncached", "pch_deferred", "pch_built",
+)  # fmt: skip
 
 
 class Counters:
@@ -109,7 +119,8 @@ _scans = HeaderScans()
 
 
 def stats() -> dict[str, int]:
-    """This process's build hits, misses, compiles, uncached builds, header scans."""
+    """This process's build hits (``direct_hits``: through a manifest, no scan), misses,
+    compiles, uncached builds, header scans."""
     return {**counters.snapshot(), "header_scans": _scans.runs}
 
 
@@ -231,13 +242,24 @@ class BuildHook:
             return
         build = Build.of(builder)
         whole = self.get_cache()
+        cache = runnable(whole)
         try:
-            key = build_key(build, _scans, self.torch_version, _memo(whole))
+            direct: str | None = direct_key(build, self.torch_version, os.environ)
+        except Uncacheable:
+            direct = None  # the full key decides (and says why it cannot)
+        if direct is not None:
+            entry = cpp_manifest.lookup(cache, direct)
+            if entry is not None:
+                counters.count("hits")
+                counters.count("direct_hits")
+                self._place(entry, build.target)
+                return
+        try:
+            key, scan = keyed(build, _scans, self.torch_version, _memo(whole))
         except Uncacheable:
             counters.count("uncached")
             self._compile(builder, build)
             return
-        cache = runnable(whole)
         entry = cache.get(key)
         if entry is None:
             counters.count("misses")
@@ -246,9 +268,19 @@ class BuildHook:
                 if entry is None:
                     claim.compile(lambda: self._compile(builder, build))
                     counters.count("compiles")
+                    self._remember(cache, direct, build, scan, key)
                     return
         counters.count("hits")
         self._place(entry, build.target)
+        self._remember(cache, direct, build, scan, key)
+
+    @staticmethod
+    def _remember(
+        cache: Cache, direct: str | None, build: Build, scan: Scan | None, key: str
+    ) -> None:
+        """Add this build's headers to its manifest, for the next lookup's direct hit."""
+        if direct is not None:
+            cpp_manifest.record(cache, direct, build, scan, key, os.environ)
 
     @staticmethod
     def caches_disabled() -> bool:

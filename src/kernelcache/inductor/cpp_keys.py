@@ -19,6 +19,12 @@ decides its bytes, never where it ran:
 
 What cannot be keyed this way (the preprocessor fails, a source is not
 readable) raises :class:`Uncacheable`, and the build runs uncached.
+
+The *direct key* (:func:`direct_key`) holds the same fields but the headers,
+and runs no compiler: the compiler by content alone, the CPU by what
+``-march=native`` is derived from (:func:`cpu_identity`), and the environment
+variables g++ reads. A manifest under it (:mod:`kernelcache.inductor.cpp_manifest`)
+maps the headers a build read to the key above.
 """
 
 from __future__ import annotations
@@ -30,20 +36,42 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kernelcache import toolchain
-from kernelcache.inductor.headers import HeaderScans, Load, Save, Uncacheable
+from kernelcache import _fs, toolchain
+from kernelcache.inductor.headers import HeaderScans, Load, Save, Scan, Uncacheable
 from kernelcache.keys import KeyBuilder
 
-__all__ = ["Build", "HeaderScans", "Uncacheable", "build_key", "directives", "native_flags"]
+__all__ = [
+    "Build",
+    "HeaderScans",
+    "Uncacheable",
+    "build_key",
+    "cpu_identity",
+    "direct_key",
+    "directives",
+    "keyed",
+    "native_flags",
+]
 
 NAMESPACE = "kernelcache.inductor.cpp"
+DIRECT_NAMESPACE = "kernelcache.inductor.cpp.direct"
 SCHEMA = 1
+#: Environment variables that change what g++ finds or produces, for the same command
+#: (the direct key holds them; the header scan sees the search folders they add).
+ENV_VARS = (
+    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
+    "SOURCE_DATE_EPOCH",
+)  # fmt: skip
 
 # A directive: '#' or the '%:' digraph first on a line, after blanks and block comments.
 _DIRECTIVE = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)")
+# An OpenMP pragma: g++ 12 fails on one under -fopenmp -E -fdirectives-only ("internal
+# compiler error: unspellable token PRAGMA_EOL"), which left every kernel with a
+# parallel loop uncached (issue 40). It includes nothing and defines nothing.
+_OMP_PRAGMA = re.compile(r"^\s*(?:/\*.*?\*/\s*)*(?:#|%:)\s*pragma\s+omp\b")
 
 
 # torch 2.13's private CppBuilder fields a key reads (the command line in pieces).
@@ -124,6 +152,11 @@ class Build:
     def compiler(self) -> str:
         return self.command[0]
 
+    @property
+    def links(self) -> bool:
+        """Whether the build only links objects (no source, so no header, is read)."""
+        return self.kind == "so" and all(path.endswith(".o") for path in self.sources)
+
     def normalized(self) -> list[str]:
         """The command with machine-local paths (sources, output, -include) as placeholders."""
         names = {self.target: "<target>"}
@@ -138,14 +171,22 @@ def directives(text: str) -> str:
 
     What a compile of ``text`` includes depends on these lines only; a line that
     merely looks like one (inside a comment) adds a header to the key, never
-    removes one.
+    removes one. OpenMP pragmas are left out (they include and define nothing,
+    and g++ 12 cannot preprocess them so: :data:`_OMP_PRAGMA`).
     """
     out: list[str] = []
-    continued = False
+    continued = skipped = False
     for line in text.splitlines():
-        if continued or _DIRECTIVE.match(line):
-            out.append(line)
-            continued = line.endswith("\\")
+        if continued:
+            if not skipped:
+                out.append(line)
+        elif _DIRECTIVE.match(line):
+            skipped = _OMP_PRAGMA.match(line) is not None
+            if not skipped:
+                out.append(line)
+        else:
+            continue
+        continued = line.endswith("\\")
     return "\n".join(out) + "\n"
 
 
@@ -196,23 +237,113 @@ def build_key(
     build: Build, scans: HeaderScans, torch_version: str, memo: tuple[Load, Save] | None = None
 ) -> str:
     """The kernelcache key of ``build`` (see the module docstring for its fields)."""
+    return keyed(build, scans, torch_version, memo)[0]
+
+
+def keyed(
+    build: Build, scans: HeaderScans, torch_version: str, memo: tuple[Load, Save] | None = None
+) -> tuple[str, Scan | None]:
+    """:func:`build_key`, and the header scan it holds (``None`` for a link: no headers)."""
     compiler = resolve(build.compiler)
     identity = toolchain.executable(compiler)
     if identity.startswith("probe_failed:"):
         raise Uncacheable(f"cannot identify the compiler {compiler}: {identity}")
     sources = [_read(path) for path in build.sources]
     include = _read(build.include) if build.include is not None else b""
-    native = any(t in ("-march=native", "-mtune=native") for t in build.command)
     key = KeyBuilder(NAMESPACE).add("schema", SCHEMA).add("torch", torch_version)
     key.add("kind", build.kind).add("compiler", identity)
-    key.add("native", native_flags(compiler) if native else "")
+    key.add("native", native_flags(compiler) if _native(build) else "")
     key.add("command", tuple(build.normalized()))
     key.add("sources", tuple(hashlib.sha256(s).hexdigest() for s in sources))
     key.add("include", include)
-    if build.kind == "so" and all(path.endswith(".o") for path in build.sources):
-        headers = ""  # a link: objects in, no headers read
-    else:
+    scan = None
+    if not build.links:
         text = directives(include.decode("utf-8", "replace"))
         text += "".join(directives(s.decode("utf-8", "replace")) for s in sources)
-        headers = scans.digest(compiler, identity, build.preprocess_flags, text, memo)
-    return key.add("headers", headers).hexdigest()
+        scan = scans.digest(compiler, identity, build.preprocess_flags, text, memo)
+    return key.add("headers", scan.digest if scan is not None else "").hexdigest(), scan
+
+
+def _native(build: Build) -> bool:
+    return any(t in ("-march=native", "-mtune=native") for t in build.command)
+
+
+def direct_key(build: Build, torch_version: str, env: Mapping[str, str]) -> str:
+    """The key of ``build``'s manifest: every field of :func:`build_key` but the headers.
+
+    Computed without running anything: the compiler by the content of its
+    files (:func:`compiler_files`), ``-march=native`` by the CPU it is derived
+    from (:func:`cpu_identity`; g++'s expansion where that cannot be read), and
+    the environment variables g++ reads (:data:`ENV_VARS`).
+    """
+    compiler = resolve(build.compiler)
+    native = ""
+    if _native(build):
+        native = cpu_identity() or native_flags(compiler)
+    key = KeyBuilder(DIRECT_NAMESPACE).add("schema", SCHEMA).add("torch", torch_version)
+    key.add("kind", build.kind).add("compiler", compiler_files(compiler)).add("native", native)
+    key.add("command", tuple(build.normalized()))
+    sources = [hashlib.sha256(_read(path)).hexdigest() for path in build.sources]
+    key.add("sources", tuple(sources))
+    key.add("include", _read(build.include) if build.include is not None else b"")
+    return key.add("env", {name: env.get(name) for name in ENV_VARS}).hexdigest()
+
+
+def compiler_files(compiler: str) -> str:
+    """The compiler by content: its file's and those a wrapper script names (no run).
+
+    ``--version`` (in :func:`build_key`'s identity) is printed by the same bytes.
+    """
+    try:
+        real = _fs.realpath(compiler)
+        files = [real, *toolchain.script_targets(real)]
+        return "\n".join(f"{os.path.basename(p)}:{toolchain.file_digest(p)}" for p in files)
+    except OSError as exc:
+        raise Uncacheable(f"cannot read the compiler {compiler}: {exc}") from exc
+
+
+#: /proc/cpuinfo fields that differ between the cores of one CPU, or over time,
+#: without changing what ``-march=native`` means.
+_PER_CORE = frozenset({
+    "processor", "physical id", "siblings", "core id", "cpu cores", "apicid",
+    "initial apicid", "cpu mhz", "bogomips", "microcode", "bugs",
+})  # fmt: skip
+_CACHE_FIELDS = ("level", "type", "size", "coherency_line_size", "ways_of_associativity")
+
+
+@functools.cache
+def cpu_identity() -> str | None:
+    """What ``-march=native`` is derived from, read without running g++; ``None`` if unknown.
+
+    GCC's driver derives it from ``cpuid``: vendor, family, model, the feature
+    bits and the cache sizes. Linux shows the same in ``/proc/cpuinfo`` (each
+    distinct core description: big and little cores differ) and in the cache
+    folders of ``/sys/devices/system/cpu/cpu0``. Where there is no ``flags``
+    line (not an x86 Linux), ``None``: the caller asks g++ itself.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None
+    cores: set[str] = set()
+    for block in text.split("\n\n"):
+        fields = []
+        for line in block.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip().lower() not in _PER_CORE:
+                fields.append(f"{name.strip().lower()}:{value.strip()}")
+        if fields:
+            cores.add("\n".join(fields))
+    if not any("\nflags:" in f"\n{core}" for core in cores):
+        return None
+    caches = []
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for index in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        for name in _CACHE_FIELDS:
+            try:
+                with open(os.path.join(base, index, name)) as f:
+                    caches.append(f"{index}/{name}:{f.read().strip()}")
+            except OSError:
+                continue
+    return "\n\n".join([*sorted(cores), "\n".join(caches)])

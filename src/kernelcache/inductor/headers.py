@@ -13,6 +13,10 @@ instead of running the preprocessor. The memo is machine-local by its key (host
 and boot), never trusted for a header too new to vouch for
 (:func:`kernelcache._fs.too_new`), and only a speed-up: a mismatch or an
 unreadable record means a scan.
+
+Each digest comes with the headers it covers (:class:`Scan`): the manifests of
+:mod:`kernelcache.inductor.cpp_manifest` record them, so that a later lookup,
+on any machine, needs no scan at all.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kernelcache import _fs
 from kernelcache.keys import KeyBuilder
 
-__all__ = ["HeaderScans", "Uncacheable", "dependencies"]
+__all__ = ["HeaderScans", "Scan", "Uncacheable", "dependencies"]
 
 _TIMEOUT = 300.0
 
@@ -48,6 +53,21 @@ def dependencies(text: str) -> list[str]:
     return [w.replace("\0", " ") for w in words[1:] if w != "-"]
 
 
+@dataclass(frozen=True)
+class Scan:
+    """The header field of a key, and what it was read from.
+
+    ``files``: the headers the preprocessor read (absolute paths), ``None`` when
+    they are not known exactly (a relative path, an unreadable ``-MD`` file);
+    ``started_ns``: when the headers were last seen as the digest has them (the
+    scan's start, or the memo's check): a header changed since is no part of it.
+    """
+
+    digest: str
+    files: tuple[str, ...] | None
+    started_ns: int
+
+
 def _boot() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
@@ -64,7 +84,7 @@ class HeaderScans:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._memo: dict[tuple[str, tuple[str, ...], str], str] = {}
+        self._memo: dict[tuple[str, tuple[str, ...], str], Scan] = {}
         self._busy: dict[tuple[str, tuple[str, ...], str], threading.Lock] = {}
         self.runs = 0
         self.machine = f"{os.uname().nodename}\0{_boot()}"
@@ -76,7 +96,7 @@ class HeaderScans:
         flags: list[str],
         text: str,
         memo: tuple[Load, Save] | None = None,
-    ) -> str:
+    ) -> Scan:
         """The digest for ``compiler`` (a path; ``identity`` names it in memo keys)."""
         here = (compiler, tuple(flags), text)
         with self._lock:
@@ -91,9 +111,10 @@ class HeaderScans:
                 KeyBuilder("kernelcache.inductor.headers").add("machine", self.machine)
                 .add("compiler", identity).add("flags", here[1]).add("text", text).hexdigest()
             )  # fmt: skip
-            found = _recall(memo[0](key)) if memo is not None else None
+            started = time.time_ns()
+            found = _recall(memo[0](key), started) if memo is not None else None
             if found is None:
-                found, record = self._scan(compiler, flags, text)
+                found, record = self._scan(compiler, flags, text, started)
                 with self._lock:
                     self.runs += 1
                 if memo is not None and record is not None:
@@ -103,8 +124,10 @@ class HeaderScans:
             return found
 
     @staticmethod
-    def _scan(compiler: str, flags: list[str], text: str) -> tuple[str, bytes | None]:
-        """The digest, and the memo record (None when a header is too new to vouch for)."""
+    def _scan(
+        compiler: str, flags: list[str], text: str, started: int
+    ) -> tuple[Scan, bytes | None]:
+        """The scan, and the memo record (None when a header is too new to vouch for)."""
         with tempfile.TemporaryDirectory(prefix="kc-headers-") as tmp:
             deps = os.path.join(tmp, "deps")
             cmd = [compiler, "-x", "c++", *flags, "-E", "-P", "-fdirectives-only"]
@@ -123,8 +146,9 @@ class HeaderScans:
                 with open(deps) as f:
                     paths = dependencies(f.read())
             except OSError:
-                return digest, None
-        return digest, _record(digest, paths)
+                return Scan(digest, None, started), None
+        known = tuple(paths) if all(os.path.isabs(p) for p in paths) else None
+        return Scan(digest, known, started), _record(digest, paths)
 
 
 def _record(digest: str, paths: list[str]) -> bytes | None:
@@ -143,8 +167,8 @@ def _record(digest: str, paths: list[str]) -> bytes | None:
     return json.dumps({"digest": digest, "files": files}).encode()
 
 
-def _recall(raw: bytes | None) -> str | None:
-    """The digest of a memo record whose headers all still have their signatures."""
+def _recall(raw: bytes | None, started: int) -> Scan | None:
+    """The scan of a memo record whose headers all still have their signatures."""
     if raw is None:
         return None
     try:
@@ -153,6 +177,7 @@ def _recall(raw: bytes | None) -> str | None:
         for path, sig in files:
             if list(_fs.signature(os.stat(path))) != sig:
                 return None
+        paths = tuple(str(path) for path, _sig in files)
     except (ValueError, KeyError, TypeError, OSError):
         return None  # damaged, or a header gone: scan again
-    return digest
+    return Scan(digest, paths, started)

@@ -287,6 +287,14 @@ def _host_options(inv: Invocation, tokens: list[str], depth: int) -> None:
         inv.includes.append(("unsure", tokens[-1]))
 
 
+def host_search(tokens: list[str]) -> list[tuple[str, str]]:
+    """The search options of a host compiler's command line, as :attr:`Invocation.includes`
+    holds them (g++'s own commands: Inductor's C++ builds, :mod:`kernelcache.inductor.cpp_manifest`)."""
+    inv = Invocation([])
+    _host_options(inv, tokens, 0)
+    return inv.includes
+
+
 def _response_file(inv: Invocation, name: str, depth: int) -> None:
     """Key a gcc response file's content and apply the host rules to its options."""
     if depth >= _MAX_OPTFILE_DEPTH:
