@@ -89,13 +89,16 @@ def entry_key(name: str, st: os.stat_result, shard: str) -> str | None:
     """The key of the entry file ``name`` (status ``st``) in shard directory ``shard``, or ``None``.
 
     Anything else there is foreign and must be neither listed, counted nor
-    removed: other names, invalid keys, a key filed under the wrong shard, and
-    directories or links named like entries.
+    removed: other names, invalid keys, a key filed under the wrong shard,
+    directories or links named like entries, and empty files (a lookup probe's
+    on a network filesystem, :func:`.netpublish.probe`: no entry is empty).
     """
     if not name.endswith(SUFFIX):
         return None
     key = name[: -len(SUFFIX)]
     if not is_valid_key(key) or shard_of(key) != shard or not stat.S_ISREG(st.st_mode):
+        return None
+    if not st.st_size:
         return None
     return key
 
@@ -124,16 +127,26 @@ def remove_tree(path: str) -> bool:
     file still open on another NFS client, ``EIO``) is never raised, as
     everything removed here is already out of the cache's view; what is
     left in staging is swept later.
+
+    A file goes in one request (no ``lstat`` first: on a network filesystem each
+    is a round trip, and most of what is removed here is a file; issue 40).
     """
     try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-            return not os.path.lexists(path)
         os.unlink(path)
     except FileNotFoundError:
         pass
-    except OSError:
-        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EISDIR, errno.EPERM):  # Linux says EISDIR, POSIX EPERM
+            return False
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return False  # EPERM on a file: not ours to remove
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
     return True
 
 

@@ -83,7 +83,8 @@ def lstat_fresh(path: str) -> os.stat_result:
 def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> None:
     """Open the entry ``path`` with ``O_CREAT``: the server answers, so a name this node saw
     absent is looked up afresh. The empty file made when there is no entry is renamed to
-    ``trash()`` and handed to ``doom`` (deleted after the lock).
+    ``trash()`` and handed to ``doom`` (deleted). No lock is needed: an empty file is
+    no entry to a scan, a removal or a publish (:func:`replaced`).
 
     Exclusive first: a name this node still caches as another leader's probe file
     (removed since, an entry published there after) would be opened as that empty
@@ -108,10 +109,16 @@ def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> N
         os.rename(path, staged)
     except FileNotFoundError:
         return
-    doom(staged)
-    if os.lstat(staged).st_ino != st.st_ino:  # not ours after all: put back
+    try:
+        # Afresh: no lock keeps publishers out, and the rename took whatever the server
+        # holds under the name now, maybe an entry published over our file since.
+        taken = lstat_fresh(staged).st_ino
+    except FileNotFoundError:
+        return
+    if taken != st.st_ino:  # not ours after all: put back
         with contextlib.suppress(FileExistsError):
             os.link(staged, path)
+    doom(staged)
 
 
 def replaced(st: os.stat_result) -> tuple[int, int]:
