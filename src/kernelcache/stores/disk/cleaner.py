@@ -152,12 +152,15 @@ class Cleaner:
     def run(self) -> None:
         """Evict down to ``LOW_WATER`` unless the tier is below its caps by now."""
         space = self.space
-        lock = FileFlightLock(f"{space.layout.locks}/cleaner.lock", leases=True)
+        layout = space.layout
         try:
+            lock = FileFlightLock(
+                f"{layout.locks}/cleaner.lock", leases=True, dir_fd=layout.folder_fd(layout.locks)
+            )
             if not lock.acquire(0.0):
                 self._local.requested = True  # another cleans now: ask again next change
                 return
-        except StoreError:
+        except (StoreError, OSError):
             space.count_event("errors", 1)
             return
         self._local.active = True

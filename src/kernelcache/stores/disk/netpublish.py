@@ -84,7 +84,7 @@ def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> N
     """Open the entry ``path`` with ``O_CREAT``: the server answers, so a name this node saw
     absent is looked up afresh. The empty file made when there is no entry is renamed to
     ``trash()`` and handed to ``doom`` (deleted). No lock is needed: an empty file is
-    no entry to a scan, a removal or a publish (:func:`replaced`).
+    no entry to a removal or a publish (:func:`replaced`, ``Space.remove_locked``).
 
     Exclusive first: a name this node still caches as another leader's probe file
     (removed since, an entry published there after) would be opened as that empty

@@ -209,7 +209,7 @@ class Space:
         if not stat.S_ISREG(st.st_mode):
             self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
             return False
-        if not st.st_size:
+        if not st.st_size and self.lock.network:
             return False  # a lookup probe's file (netpublish.probe): no entry, never counted
         if expect_ino is not None and st.st_ino != expect_ino:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
@@ -222,8 +222,9 @@ class Space:
     def probe(self, key: str) -> None:
         """Make this node see ``key``'s entry as the server has it (``DiskStore._revalidate``,
         :func:`.netpublish.probe`). Without the space lock (issue 40: a lease costs ~10
-        round trips): the empty file it may make is no entry to a scan, a removal or a
-        publish (never counted), and it checks afresh which file it removes."""
+        round trips): the empty file it may make is no entry to a removal or a publish
+        (never counted; a recount meanwhile counts it as an entry of 0 bytes: high, never
+        low), and it checks afresh which file it removes."""
         probe(self.layout.entry_path(key), self.layout.trash, self.discard)
 
     def take_folder(self, folder: str) -> int:

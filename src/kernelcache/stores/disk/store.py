@@ -217,17 +217,20 @@ class DiskStore(Store):
             return None  # this process cannot publish here, so it cannot end anyone's wait
         validate_key(key)
         shard = shard_of(key)
+        network = self.filesystem.network
         try:
             folder = self.layout.shard_dir(self.layout.locks, shard, create=True)
+            # A lease's requests name its file in the open folder (Layout.folder_fd).
+            dir_fd = self.layout.folder_fd(folder) if network else None
         except OSError:
             self._count("errors")
             return None
-        network = self.filesystem.network
         return FileFlightLock(
             f"{folder}/{key}.lock",
             on_error=lambda: self._count("errors"),
             leases=network,
             after_lease=functools.partial(self._revalidate, key) if network else None,
+            dir_fd=dir_fd,
         )
 
     def _revalidate(self, key: str) -> None:
