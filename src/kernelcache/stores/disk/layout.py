@@ -117,7 +117,7 @@ def tree_size(folder: str) -> int:
     return total
 
 
-def remove_tree(path: str) -> bool:
+def remove_tree(path: str, at: Callable[[str], tuple[int | None, str]] | None = None) -> bool:
     """Delete ``path`` (a file, a link or a folder; links are removed, never followed).
 
     ``False`` if something is left: an error (``EBUSY`` from a folder holding a
@@ -126,10 +126,12 @@ def remove_tree(path: str) -> bool:
     left in staging is swept later.
 
     A file goes in one request (no ``lstat`` first: on a network filesystem each
-    is a round trip, and most of what is removed here is a file; issue 40).
+    is a round trip, and most of what is removed here is a file; issue 40), named
+    relative to its open folder when ``at`` is given (:meth:`Layout.at`).
     """
+    folder, name = (None, path) if at is None else at(path)
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=folder)
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -178,6 +180,12 @@ class Layout:
         self._pid = os.getpid()
         self._folders = _Folders()
         self._open_dirs = _Folders()  # folder_fd's, by path
+        # The folders that stay for the tree's life (at() opens them; never a key's).
+        self._lasting = {self.base, self.staging, self.locks} | {
+            f"{top}/{shard}"
+            for top in (self.entries, self.extracted, self.locks)
+            for shard in shards()
+        }
 
     # Paths ---------------------------------------------------------------
     def entry_path(self, key: str, shard: str | None = None) -> str:
@@ -291,6 +299,16 @@ class Layout:
         if kept != fd:  # another thread opened it first
             os.close(fd)
         return kept
+
+    def at(self, path: str) -> tuple[int | None, str]:
+        """``path`` as its open folder and its name, for the ``dir_fd`` arguments of ``os``
+        (:meth:`folder_fd`), when that folder is one the tree keeps (``v1``, staging, a
+        shard; checked before), else ``(None, path)``: a key's folder may be renamed
+        away, and requests relative to it would follow it."""
+        folder, _, name = path.rpartition("/")
+        if folder not in self._lasting:
+            return None, path
+        return self.folder_fd(folder), name
 
     def close(self) -> None:
         """Close the directories :meth:`entries_fd` and :meth:`folder_fd` opened (they are

@@ -387,7 +387,8 @@ class DiskStore(Store):
             self._check_shard(shard, create=True)
         tmp = self.layout.staged(key[:64]) + ".tmp"
         try:
-            write_new(tmp, parts, durable=self.durable)
+            folder, name = self.layout.at(tmp)  # one lookup, not one per folder (issue 40)
+            write_new(name, parts, durable=self.durable, dir_fd=folder)
             self.space.publish(tmp, key, shard, size)
         except OSError as exc:
             self._count("busy" if isinstance(exc, TimeoutError) else "errors")
