@@ -217,9 +217,11 @@ class Cleaner:
         for candidate in candidates:
             if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
                 continue  # a damaged queue record: it must never name a path outside the shard
-            path = self.space.layout.entry_path(candidate.key, candidate.shard)
+            folder, name = self.space.layout.at(
+                self.space.layout.entry_path(candidate.key, candidate.shard)
+            )
             try:
-                st = os.lstat(path)
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             if st.st_ino != candidate.ino or st.st_mtime_ns != candidate.mtime_ns:

@@ -181,7 +181,14 @@ class Layout:
         self._folders = _Folders()
         self._open_dirs = _Folders()  # folder_fd's, by path
         # The folders that stay for the tree's life (at() opens them; never a key's).
-        self._lasting = {self.base, self.staging, self.locks} | {
+        self._lasting = {
+            self.base,
+            self.entries,
+            self.extracted,
+            self.staging,
+            self.locks,
+            self.lru,
+        } | {
             f"{top}/{shard}"
             for top in (self.entries, self.extracted, self.locks)
             for shard in shards()
@@ -464,8 +471,11 @@ def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
     """``(name, lstat)`` of the items of directory ``path``, never through a link (a link
     there is refused and lists as empty: scanning it would count, and evict, what lies
     elsewhere). Items removed meanwhile are left out."""
+    folder, name = layout.at(path)  # one lookup on a network filesystem, not one per folder
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+        )
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:

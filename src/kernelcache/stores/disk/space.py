@@ -127,7 +127,7 @@ class Space:
         network: bool = False,
     ) -> None:
         self.layout = layout
-        self.queues = Queues(layout.lru, shards(), layout.staging)
+        self.queues = Queues(layout.lru, shards(), layout.staging, layout.at)
         self._count = count
         self._caps = caps
         self.lock = TierLock(layout, network=network)
