@@ -174,9 +174,10 @@ def verdicts(stress: list[dict[str, Any]], cost: list[dict[str, Any]]) -> list[d
             ratio = ours_put["put_round_trips"] / max(theirs_put["put_round_trips"], 1)
             out.append(
                 results.target(
-                    f"requests per put, attribute cache {attr_ms} ms, kernelcache / Triton "
-                    f"(kernelcache: {ops_text(ours_put['put_ops'])})",
-                    f"{ours_put['put_round_trips']} / {theirs_put['put_round_trips']}",
+                    f"requests per put, attribute cache {attr_ms} ms, kernelcache / Triton",
+                    f"{ours_put['put_round_trips']} / {theirs_put['put_round_trips']}; "
+                    f"kernelcache: {ops_text(ours_put['put_ops'])}; "
+                    f"Triton: {ops_text(theirs_put['put_ops'])}",
                     "info",
                     ratio=f"{ratio:.2f}×",
                 )
