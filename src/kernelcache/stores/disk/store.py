@@ -245,7 +245,7 @@ class DiskStore(Store):
         """
         try:
             self.space.probe(key)
-        except OSError:
+        except (OSError, StoreError):  # StoreError: a shard folder refused (UnsafeDirectory)
             self._count("errors")  # the lookup then misses, as it would have
 
     def stats(self) -> dict[str, Any]:
