@@ -138,6 +138,14 @@ class Cleaner:
             _running.add(thread)
         thread.start()
 
+    def wait(self, timeout: float = EXIT_WAIT) -> None:
+        """Let this store's running cleaner finish (at most ``timeout`` seconds): its
+        leases name their files relative to the tier's open folders, which closing
+        the store closes."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def _loop(self) -> None:
         try:
             while True:

@@ -419,4 +419,5 @@ class Space:
         return count, size
 
     def close(self) -> None:
+        self.cleaner.wait()  # before the folders its leases are relative to are closed
         self.lock.close()
