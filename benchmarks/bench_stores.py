@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         distinct_rows = distinct.run(root, keys, 4 * KB, 1 if args.smoke else 3)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    verdicts = targets(rows, memory, scale)
+    verdicts = [*targets(rows, memory, scale), distinct.target(distinct_rows, 4 * KB)]
     info.update(seconds=round(time.perf_counter() - started, 1), timer_overhead_ns=overhead)
     info["loadavg_after"] = tuple(round(x, 2) for x in os.getloadavg())
     print(f"# kernelcache store benchmark ({mode_name})\n")

@@ -51,6 +51,24 @@ def test_bench_stores_smoke(tmp_path: Path) -> None:
     assert leftovers == [], "the benchmark must remove its directory"
 
 
+def test_small_designs_smoke(tmp_path: Path) -> None:
+    """The design comparison of issue 40 runs end to end: every design hits every key."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    script = ROOT / "benchmarks" / "small_designs.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--keys", "20", "--passes", "1", "--dir", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "µs" in line]
+    assert len(rows) == 5
+    assert list(tmp_path.iterdir()) == [], "the benchmark must remove its directory"
+
+
 def test_bench_redis_smoke(tmp_path: Path) -> None:
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.skip("redis-server and redis-cli are needed (scripts/test.sh installs them)")

@@ -203,6 +203,39 @@ def test_a_hit_touches_an_old_entry_once_per_interval(tmp_path: Path) -> None:
     assert store.counters.hits == 4
 
 
+def _reading_updates_atime(folder: Path) -> bool:
+    """Whether this mount writes atime on a plain read of a file whose atime is older than
+    its mtime (relatime and strictatime do; noatime never does)."""
+    probe = folder / "atime-probe"
+    probe.write_bytes(b"x")
+    before = probe.stat().st_mtime_ns - 10**10
+    os.utime(probe, ns=(before, probe.stat().st_mtime_ns))
+    probe.read_bytes()
+    updated = probe.stat().st_atime_ns != before
+    probe.unlink()
+    return updated
+
+
+def test_a_hit_leaves_the_entry_files_atime_alone(tmp_path: Path) -> None:
+    """Hits open entries with O_NOATIME (issue 40): under relatime, the first read of a
+    file written or touched since its last read would write its atime, an inode update
+    on every distinct-key hit. Nothing in the tier uses atime."""
+    if not _reading_updates_atime(tmp_path):
+        pytest.skip("this mount never writes atime on reads (noatime)")
+    store = DiskStore(tmp_path / "c")
+    store.put("k", entry_of("k"))
+    path = entry_file(store, "k")
+    mtime = path.stat().st_mtime_ns
+    atime = mtime - 10**10
+    os.utime(path, ns=(atime, mtime))
+    for reader in (store, DiskStore(store.path)):  # the fstat path, and the known-recent one
+        assert reader.get("k") == entry_of("k")
+        assert reader.get("k") == entry_of("k")
+    assert path.stat().st_atime_ns == atime
+    assert path.stat().st_mtime_ns == mtime
+    assert store.counters.hits == 2
+
+
 def test_entry_under_the_wrong_name_is_corrupt(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "c")
     store.put("a", entry_of("a"))

@@ -213,3 +213,40 @@ def test_a_cache_walks_its_directory_once_and_keeps_its_statistics_where_it_trus
     assert refused.stats_dir is None
     assert refused.tiers[1].unusable is not None
     assert walked == [shared, shared]
+
+
+READER = """
+import sys
+from kernelcache.stores.disk import DiskStore
+store = DiskStore(sys.argv[1], read_only=True)
+for _ in range(2):
+    entry = store.get("k" * 64)
+    sys.stdout.write(entry["data"].decode() if entry is not None else "miss")
+sys.stdout.write(f" hits={store.counters.hits} errors={store.counters.errors}")
+"""
+
+
+def test_another_user_reads_a_cache_of_roots_whose_files_refuse_o_noatime(
+    shared_base: Path,
+) -> None:
+    """Hits open entries with O_NOATIME, which only the file's owner (or root) may ask
+    for: a user reading root's read-only cache gets EPERM and reads without it."""
+    import sys
+
+    from kernelcache import Entry
+    from kernelcache.stores.disk import DiskStore
+
+    root = shared_base / "system-cache"
+    DiskStore(str(root)).put("k" * 64, Entry({"data": b"from root"}))
+    for folder, _dirs, files in os.walk(root):  # readable by all, writable by root only
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    setpriv = ["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups"]
+    out = subprocess.run(
+        [*setpriv, sys.executable, "-c", READER, str(root)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert out == "from rootfrom root hits=2 errors=0"

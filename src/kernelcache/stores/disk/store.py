@@ -36,6 +36,7 @@ from kernelcache.stores.base import (
 from kernelcache.stores.disk.entryfile import check_entry, info_of, read_entry
 from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.layout import (
+    NOATIME,
     OPEN_READ,
     SUFFIX,
     Layout,
@@ -136,6 +137,8 @@ class DiskStore(Store):
         self._checked: set[str] = set()
         # key -> its entry file's mtime as last seen by a hit of this process (see get).
         self._recent: dict[str, float] = {}
+        # How hits open entry files: without O_NOATIME once it was refused (see NOATIME).
+        self._open_read = OPEN_READ | NOATIME
         self._next_sweep = 0.0
         self._open()
 
@@ -269,11 +272,15 @@ class DiskStore(Store):
                 self.counters.misses += 1
                 return None
         try:
-            fd = os.open(key + SUFFIX, OPEN_READ, dir_fd=folder)
+            fd = os.open(key + SUFFIX, self._open_read, dir_fd=folder)
         except FileNotFoundError:
             self.counters.misses += 1
             return None
         except OSError as exc:
+            if exc.errno == errno.EPERM and self._open_read != OPEN_READ:
+                # A file of another owner (a cache directory of root's that users read).
+                self._open_read = OPEN_READ
+                return self._read(key, retry)
             if exc.errno != errno.ESTALE:
                 self._unreadable(exc)
                 return None
