@@ -3,8 +3,8 @@
 A fresh CI runner's first build finds no server: each call compiles in its own
 process, and only later calls use a server. So the first miss must not pay for
 the server's start before its compile: it starts it while nvcc works. Shown by
-order, not by time: the compiler (a real nvcc behind a small wrapper named
-``nvcc``) notes whether a server start had begun when it was run to compile.
+order, not by time: the in-process launcher runs a real nvcc and starts a real
+server, and the test notes which of the two began first.
 """
 
 from __future__ import annotations
@@ -12,55 +12,48 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from launcher_env import KERNEL, clean_env, listening, make_bin, stop_server, wait_for
+from kernelcache.nvcc import launcher, spawn
+from launcher_env import CUBIN, KERNEL, clean_env, listening, stop_server, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
-#: The compiler: real nvcc, noting (for a compile, not a --version or --dryrun probe)
-#: whether the server's start marker or socket existed when it was run.
-WRAPPER = """#!/bin/sh
-case " $* " in
-*" --version "* | *" --dryrun "*) ;;
-*)
-    if [ -e "$KERNELCACHE_DIR/launcher.starting" ] || [ -e "$KERNELCACHE_DIR/launcher.sock" ]; then
-        echo server-started >>"$NOTES"
-    else
-        echo no-server-yet >>"$NOTES"
-    fi
-    ;;
-esac
-exec {nvcc} "$@"
-"""
 
-
-def test_a_first_miss_runs_nvcc_before_it_starts_the_server(tmp_path: Path) -> None:
-    front = make_bin(tmp_path / "bin")
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    nvcc = tools / "nvcc"
-    nvcc.write_text(WRAPPER.format(nvcc=shutil.which("nvcc")))
-    nvcc.chmod(0o755)
+def test_a_first_miss_runs_nvcc_before_it_starts_the_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     project = tmp_path / "project"
     project.mkdir()
     (project / "k.cu").write_text(KERNEL)
     cache = tmp_path / "cache"  # empty: no server, nothing stored
-    notes = tmp_path / "notes"
-    env = clean_env(cache, NOTES=str(notes))
+    for name, value in clean_env(cache).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(project)
+    events: list[str] = []
+    real_popen, real_wake = subprocess.Popen, spawn.wake
+
+    class Noted(real_popen):  # type: ignore[misc,valid-type]
+        def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+            words = [str(a) for a in args] if isinstance(args, list) else [str(args)]
+            if "-cubin" in words and "--dryrun" not in words:
+                events.append("nvcc")  # the compile itself, not a probe
+            super().__init__(args, *rest, **kwargs)
+
+    def wake(directory: str, environ: Any) -> bool:
+        events.append("server")
+        return real_wake(directory, environ)
+
+    monkeypatch.setattr(subprocess, "Popen", Noted)
+    monkeypatch.setattr(spawn, "wake", wake)
     try:
-        proc = subprocess.run(
-            [str(front), str(nvcc), "-arch=sm_90", "-cubin", "k.cu", "-o", "k.cubin"],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
+        assert launcher.main(["nvcc", *CUBIN]) == 0
         assert (project / "k.cubin").stat().st_size > 0
-        assert notes.read_text().split() == ["no-server-yet"]  # one compile, no server begun
-        # ... and the server was started all the same, for the next call.
+        assert events == ["nvcc", "server"]
+        # ... and the server it started listens, for the next call.
         wait_for(lambda: listening(cache), 60, "the server the first miss started")
     finally:
+        monkeypatch.undo()
         stop_server(cache)
