@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -311,7 +312,7 @@ def test_unreadable_cache_folders_leave_the_cpu_identity(monkeypatch: pytest.Mon
     def denied(path: str) -> list[str]:
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(cpp_keys.os, "listdir", denied)  # a sandbox that hides /sys
+    monkeypatch.setattr(os, "listdir", denied)  # a sandbox that hides /sys
     identity = cpp_keys.cpu_identity.__wrapped__()
     assert identity is not None
     assert "flags:" in identity
