@@ -293,9 +293,10 @@ def test_a_launcher_before_the_compiler_keys_the_compiler_behind_it(
 
     assert files("one") != files("two")
     assert cpp_keys.driver(wrapped) == str(tmp_path / "two" / "g++")
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    with pytest.raises(Uncacheable, match="launcher"):
-        cpp_keys.driver(wrapped)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{tmp_path / 'empty'}")  # nothing behind it
+    assert cpp_keys.driver(wrapped) == wrapped
+    assert cpp_keys.compiler_files(wrapped).startswith("launcher\nrc=")  # toolchain.executable
     assert cpp_keys.driver(real) == real  # a compiler is its own
 
 

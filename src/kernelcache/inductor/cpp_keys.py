@@ -381,11 +381,20 @@ def compiler_files(compiler: str) -> str:
     """The compiler by content: its file's and those a wrapper script names (no run).
 
     ``--version`` (in :func:`build_key`'s identity) is printed by the same bytes.
-    Behind a launcher (:func:`driver`), the launcher's and the real compiler's files.
+    Behind a launcher (:func:`driver`), the launcher's and the real compiler's
+    files. A file of another name with no compiler behind it (``icpx``, or a
+    launcher this cannot follow) is identified as the entry's key identifies it:
+    :func:`kernelcache.toolchain.executable` (``--version`` and content, memoised by stat).
     """
     try:
+        behind = driver(compiler)
+        if behind == compiler and not _is_driver(compiler):
+            identity = toolchain.executable(compiler)
+            if identity.startswith("probe_failed:"):
+                raise Uncacheable(f"cannot identify the compiler {compiler}: {identity}")
+            return identity
         files = []
-        for path in dict.fromkeys([compiler, driver(compiler)]):
+        for path in dict.fromkeys([compiler, behind]):
             real = _fs.realpath(path)
             files += [real, *toolchain.script_targets(real)]
         return "\n".join(f"{os.path.basename(p)}:{toolchain.file_digest(p)}" for p in files)
@@ -397,26 +406,29 @@ def compiler_files(compiler: str) -> str:
 _DRIVER = re.compile(r"^(?:[\w.]+-)*(?:gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(?:-[\d.]+)?$")
 
 
+def _is_driver(path: str) -> bool:
+    return _DRIVER.match(os.path.basename(_fs.realpath(path))) is not None
+
+
 def driver(compiler: str) -> str:
     """The compiler that ``compiler`` (a path, as :func:`resolve` finds it) runs.
 
     A name that resolves to no compiler driver (``/usr/lib/ccache/g++`` is a
-    link to ``ccache``; sccache, distcc) is a launcher: it runs the next
+    link to ``ccache``; sccache, distcc) may be a launcher: it runs the next
     compiler of that name on ``PATH``, which its own bytes (and its
-    ``--version``, ccache's) say nothing of. That one is then the compiler
-    the keys identify. Raises :class:`Uncacheable` when none is found.
+    ``--version``, ccache's) say nothing of. That one is then the compiler the
+    keys identify; without one, ``compiler`` itself.
     """
-    if _DRIVER.match(os.path.basename(_fs.realpath(compiler))):
+    if _is_driver(compiler):
         return compiler
     name = os.path.basename(compiler)
     here = os.path.dirname(os.path.abspath(compiler))
-    folders = os.environ.get("PATH", "").split(os.pathsep)
-    after = [os.path.abspath(f or ".") for f in folders]
-    for folder in after[after.index(here) + 1 :] if here in after else after:
+    folders = [os.path.abspath(f or ".") for f in os.environ.get("PATH", "").split(os.pathsep)]
+    for folder in folders[folders.index(here) + 1 :] if here in folders else folders:
         path = os.path.join(folder, name)
-        if os.access(path, os.X_OK) and _DRIVER.match(os.path.basename(_fs.realpath(path))):
+        if os.access(path, os.X_OK) and _is_driver(path):
             return path
-    raise Uncacheable(f"{compiler} is a launcher and no {name} follows it on PATH")
+    return compiler
 
 
 #: /proc/cpuinfo fields that differ between the cores of one CPU, or over time,
