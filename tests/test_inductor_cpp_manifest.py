@@ -20,7 +20,7 @@ from kernelcache import Cache
 from kernelcache.entry import Entry
 from kernelcache.inductor import cpp, cpp_keys, cpp_manifest
 from kernelcache.inductor.cpp_keys import Build, HeaderScans, direct_key
-from kernelcache.inductor.headers import Scan
+from kernelcache.inductor.headers import Scan, search_list
 from kernelcache.nvcc import deps
 from kernelcache.nvcc.args import parse
 from kernelcache.nvcc.job import Job
@@ -281,3 +281,44 @@ def test_a_response_file_is_in_the_direct_key_and_an_unreadable_one_records_noth
     why = cpp_manifest.record(cache, "d", build("b", f"@{tmp_path}/gone"), scan, "r", {})
     assert "cannot be followed" in str(why)
     assert cache.get("d") is None
+
+
+def test_a_header_created_in_a_folder_the_compiler_searches_of_its_own_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/usr/local/include`` comes before ``/usr/include`` in g++'s own search list: a
+    header created there shadows the one read (here under a ``--sysroot``, which moves
+    that list without touching the machine's folders)."""
+    root = tmp_path / "root"
+    (root / "usr" / "include").mkdir(parents=True)
+    (root / "usr" / "local" / "include").mkdir(parents=True)
+    (root / "usr" / "include" / "h.h").write_text("#define H 1\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flags = f"-O2 -c --sysroot={root}"
+
+    def build(where: str) -> tuple[dict[str, int], Path]:
+        builder = _builder(tmp_path / where, SOURCE, flags=flags, inc=empty)
+        return Process(tmp_path, monkeypatch).build(builder), Path(builder.target)
+
+    _, old = build("a")
+    assert build("b")[0] == {"hits": 1, "direct_hits": 1}
+    (root / "usr" / "local" / "include" / "h.h").write_text("#define H 2\n")
+    done, new = build("c")
+    assert done == {"misses": 1, "compiles": 1, "header_scans": 1}
+    assert new.read_bytes() != old.read_bytes()
+
+
+def test_the_search_list_of_g_plus_plus_v() -> None:
+    verbose = (
+        'ignoring nonexistent directory "/nowhere"\n#include "..." search starts here:\n'
+        " /q\n#include <...> search starts here:\n /usr/local/include\n"
+        " /usr/lib/gcc/x86_64-linux-gnu/12/../../../../include/c++/12\n"
+        " /Library/Frameworks (framework directory)\nEnd of search list.\n /not/listed\n"
+    )
+    assert search_list(verbose) == (
+        "/q",
+        os.path.realpath("/usr/local/include"),
+        os.path.realpath("/usr/include/c++/12"),
+        "/Library/Frameworks",
+    )

@@ -131,7 +131,7 @@ def record(
         except Uncacheable as exc:
             return str(exc)
         try:
-            missing = includes.absent(texts, search_path(build, env), scan.started_ns)
+            missing = includes.absent(texts, scan.search(search_path(build, env)), scan.started_ns)
         except includes.Unsure as exc:
             return str(exc)
         if missing is None:

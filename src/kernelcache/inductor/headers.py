@@ -62,12 +62,21 @@ class Scan:
     ``files``: the headers the preprocessor read (absolute paths), ``None`` when
     they are not known exactly (a relative path, an unreadable ``-MD`` file);
     ``started_ns``: when the headers were last seen as the digest has them (the
-    scan's start, or the memo's check): a header changed since is no part of it.
+    scan's start, or the memo's check): a header changed since is no part of it;
+    ``builtin``: the folders the compiler searches of its own (``g++ -v``'s
+    search list: ``/usr/local/include``, ``/usr/include``, its own), real paths,
+    which a header created there may shadow as in any ``-I`` folder.
     """
 
     digest: str
     files: tuple[str, ...] | None
     started_ns: int
+    builtin: tuple[str, ...] = ()
+
+    def search(self, search: SearchPath) -> SearchPath:
+        """``search`` with :attr:`builtin` in it (every folder of a lookup is watched)."""
+        both = [*search.both, *self.builtin]
+        return SearchPath(search.quote, both, search.pre, search.unsure)
 
 
 def _boot() -> str:
@@ -162,7 +171,7 @@ class HeaderScans:
         """
         with tempfile.TemporaryDirectory(prefix="kc-headers-") as tmp:
             deps = os.path.join(tmp, "deps")
-            cmd = [compiler, "-x", "c++", *flags, "-E", "-P", "-fdirectives-only"]
+            cmd = [compiler, "-x", "c++", *flags, "-E", "-P", "-fdirectives-only", "-v"]
             cmd += ["-MD", "-MF", deps, "-MT", "scan", "-", "-o", "-"]
             try:
                 proc = subprocess.run(
@@ -179,31 +188,44 @@ class HeaderScans:
                 err = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:]
                 raise Uncacheable(f"preprocessing the headers failed: {err}")
             digest = hashlib.sha256(proc.stdout).hexdigest()
+            builtin = search_list(proc.stderr.decode("utf-8", "replace"))
             try:
                 with open(deps) as f:
                     paths = dependencies(f.read())
             except OSError:
-                return Scan(digest, None, started), None
+                return Scan(digest, None, started, builtin), None
         if folder is not None:
             paths = [os.path.join(folder, p) for p in paths]
         known = tuple(paths) if all(os.path.isabs(p) for p in paths) else None
         here = os.path.join(folder or os.getcwd(), "<directives>")
-        return Scan(digest, known, started), _record(digest, paths, (here, text), search, started)
+        scan = Scan(digest, known, started, builtin)
+        if search is None:
+            return scan, None
+        return scan, _record(scan, paths, (here, text), scan.search(search))
+
+
+def search_list(verbose: str) -> tuple[str, ...]:
+    """The folders of the search lists ``g++ -v`` prints (real paths, in order)."""
+    out: dict[str, None] = {}
+    inside = False
+    for line in verbose.splitlines():
+        if line.startswith("#include ") and line.endswith("search starts here:"):
+            inside = True
+        elif line.startswith("End of search list."):
+            inside = False
+        elif inside and line.startswith(" "):
+            folder = line.strip().removesuffix(" (framework directory)")
+            out[os.path.realpath(folder)] = None
+    return tuple(out)
 
 
 def _record(
-    digest: str,
-    paths: list[str],
-    directives: tuple[str, str],
-    search: SearchPath | None,
-    started: int,
+    scan: Scan, paths: list[str], directives: tuple[str, str], search: SearchPath
 ) -> bytes | None:
     """The memo record of a scan: its headers' signatures and the lookups that found
     nothing (:func:`kernelcache.nvcc.includes.absent`: a header created earlier in
     the search path changes the digest, and no signature of a header read); ``None``
     where they cannot all be vouched for."""
-    if search is None:
-        return None
     now = time.time_ns()
     files = []
     contents = {directives[0]: directives[1].encode()}
@@ -222,13 +244,14 @@ def _record(
             return None
         files.append([path, list(_fs.signature(st))])
     try:
-        missing = includes.absent(contents, search, started)
+        missing = includes.absent(contents, search, scan.started_ns)
     except includes.Unsure:
         return None
     if missing is None:
         return None
     absent = includes.watch(missing, None)
-    return json.dumps({"digest": digest, "files": files, "absent": absent}).encode()
+    record = {"digest": scan.digest, "files": files, "absent": absent, "builtin": scan.builtin}
+    return json.dumps(record).encode()
 
 
 def _recall(raw: bytes | None, started: int) -> Scan | None:
@@ -238,6 +261,7 @@ def _recall(raw: bytes | None, started: int) -> Scan | None:
     try:
         record = json.loads(raw)
         digest, files, absent = str(record["digest"]), record["files"], record["absent"]
+        builtin = tuple(str(folder) for folder in record["builtin"])
         for path, sig in files:
             if list(_fs.signature(os.stat(path))) != sig:
                 return None
@@ -246,4 +270,4 @@ def _recall(raw: bytes | None, started: int) -> Scan | None:
             return None
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, OSError):
         return None  # damaged, or a header gone: scan again
-    return Scan(digest, paths, started)
+    return Scan(digest, paths, started, builtin)
