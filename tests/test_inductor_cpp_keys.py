@@ -317,3 +317,26 @@ def test_unreadable_cache_folders_leave_the_cpu_identity(monkeypatch: pytest.Mon
     identity = cpp_keys.cpu_identity.__wrapped__()
     assert identity is not None
     assert "flags:" in identity
+
+
+def test_a_scan_is_remembered_per_search_path(
+    tmp_path: Path, inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPATH adds a folder no flag names: a memo of the scan without it does not serve."""
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)
+    front = tmp_path / "front"
+    front.mkdir()
+    (front / "h.h").write_text("#define H 3\n")
+    records: dict[str, bytes] = {}
+    memo = (records.get, records.__setitem__)
+    gxx, text = str(shutil.which("g++")), "#include <h.h>\n"
+
+    def scan(*both: Path) -> str:
+        monkeypatch.setenv("CPLUS_INCLUDE_PATH", ":".join(str(f) for f in both))
+        search = SearchPath([], [str(f) for f in both], [], None)
+        return HeaderScans().digest(gxx, "id", [], text, memo, None, search).digest
+
+    plain = scan(inc)
+    assert scan(inc) == plain  # remembered
+    assert scan(front, inc) != plain  # front/h.h, not the memo of inc/h.h
+    assert len(records) == 2

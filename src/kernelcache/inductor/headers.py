@@ -7,9 +7,11 @@ reach; its SHA-256 is the key's header field. That costs a compiler run
 directives) in a process; all kernels of a model share one.
 
 The same run writes the list of headers it read (``-MD``). A memo records
-the digest with each header's stat signature (:func:`kernelcache._fs.signature`),
-so the next process on this machine checks a few hundred ``lstat`` calls
-instead of running the preprocessor. The memo is machine-local by its key (host
+the digest with each header's stat signature (:func:`kernelcache._fs.signature`)
+and the include lookups that found nothing (:func:`kernelcache.nvcc.includes.absent`,
+in the compiler's own folders too), so the next process on this machine (and
+the next build of this one) checks a few hundred ``stat`` calls instead of
+running the preprocessor. The memo is machine-local by its key (host
 and boot), never trusted for a header too new to vouch for
 (:func:`kernelcache._fs.too_new`), and only a speed-up: a mismatch or an
 unreadable record means a scan.
@@ -123,7 +125,10 @@ class HeaderScans:
         found nothing still finds nothing (:func:`_recall`), else the headers
         are scanned again.
         """
-        here = (compiler, tuple(flags), text, folder or "")
+        # The search path too: CPATH and the like search folders no flag names.
+        lookups = None if search is None else (search.quote, search.both, search.pre)
+        where = repr((folder, lookups))
+        here = (compiler, tuple(flags), text, where)
         busy = self._lock_for(here)
         with busy:
             with self._lock:
@@ -136,7 +141,7 @@ class HeaderScans:
             key = (
                 KeyBuilder("kernelcache.inductor.headers").add("machine", self.machine)
                 .add("compiler", identity).add("flags", here[1]).add("text", text)
-                .add("folder", here[3]).hexdigest()
+                .add("search", here[3]).hexdigest()
             )  # fmt: skip
             raw = memo[0](key) if memo is not None else None
             found = _recall(raw, started)
