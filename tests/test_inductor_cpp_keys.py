@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,7 @@ from kernelcache.inductor.cpp_keys import (
     missing_fields,
 )
 from kernelcache.inductor.headers import dependencies
+from kernelcache.nvcc.includes import SearchPath
 from kernelcache.patching import Patches
 from kernelcache.stores.memory import MemoryStore
 
@@ -190,18 +192,22 @@ def test_force_disable_caches_compiles_without_the_cache(tmp_path: Path, inc: Pa
 
 
 def test_header_scans_are_remembered_until_a_header_changes(
-    inc: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, inc: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)  # stats may vouch for files just written
     header = inc / "h.h"
+    front = tmp_path / "front"  # searched before inc, empty at first
+    front.mkdir()
     records: dict[str, bytes] = {}
     memo = (records.get, records.__setitem__)
     gxx = str(shutil.which("g++"))
-    text = '#include "h.h"\n'
+    text = "#include <h.h>\n"
+    search = SearchPath([], [str(front), str(inc)], [], None)
+    flags = [f"-I{front}", f"-I{inc}"]
 
-    def scan() -> tuple[str, int]:
-        scans = HeaderScans()  # a new process: nothing remembered in memory
-        return scans.digest(gxx, "g++ identity", [f"-I{inc}"], text, memo).digest, scans.runs
+    def scan(scans: HeaderScans | None = None) -> tuple[str, int]:
+        scans = scans or HeaderScans()  # a new process: nothing remembered in memory
+        return scans.digest(gxx, "g++ identity", flags, text, memo, None, search).digest, scans.runs
 
     first, runs = scan()
     assert (runs, len(records)) == (1, 1)
@@ -210,8 +216,127 @@ def test_header_scans_are_remembered_until_a_header_changes(
     changed, runs = scan()
     assert runs == 1
     assert changed != first
+    one = HeaderScans()  # one process, whose memory is checked as the memo is
+    assert scan(one) == (changed, 0)
+    (front / "h.h").write_text("#define H 3\n")  # found before inc/h.h from now on
+    shadowed, runs = scan(one)
+    assert runs == 1
+    assert shadowed not in (first, changed)
+    assert scan() == (shadowed, 0)
+
+
+def test_header_scans_without_a_search_path_are_not_remembered(inc: Path) -> None:
+    scans = HeaderScans()
+    records: dict[str, bytes] = {}
+    for _ in range(2):
+        scans.digest(
+            str(shutil.which("g++")),
+            "id",
+            [f"-I{inc}"],
+            "#include <h.h>\n",
+            (records.get, records.__setitem__),
+        )
+    assert (scans.runs, records) == (2, {})  # fmt: skip
 
 
 def test_dependencies_of_a_make_rule() -> None:
     rule = "scan: /a/b.h \\\n /c/with\\ space.h -\n"
     assert dependencies(rule) == ["/a/b.h", "/c/with space.h"]
+
+
+def test_a_quoted_include_beside_the_source_is_in_the_key(tmp_path: Path, inc: Path) -> None:
+    """The scan finds ``"h.h"`` where the compile does: beside the source, not in the
+    working directory (``b/h.h`` shadows ``-Iinc/h.h``)."""
+    a = _key(_builder(tmp_path / "a", SOURCE, inc=inc))
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "h.h").write_text("#define H 2\n")
+    assert _key(_builder(tmp_path / "b", SOURCE, inc=inc)) != a
+    assert _key(_builder(tmp_path / "c", SOURCE, inc=inc)) == a  # no c/h.h: inc's, as a's
+
+
+def test_quoted_includes_beside_inputs_in_two_folders_are_uncacheable(
+    tmp_path: Path, inc: Path
+) -> None:
+    builder = _builder(tmp_path / "a", SOURCE, inc=inc)
+    (tmp_path / "pre.h").write_text('#include "h.h"\n')
+    builder._include_dirs_args = f"-I{inc} -include {tmp_path / 'pre.h'} "  # noqa: SLF001
+    with pytest.raises(Uncacheable, match="2 folders"):
+        _key(builder)
+    relative = _builder(tmp_path / "b", SOURCE, inc=inc)
+    relative._include_dirs_args = "-Iinc "  # noqa: SLF001 (from the working directory)
+    with pytest.raises(Uncacheable, match="relative search option"):
+        _key(relative)
+
+
+def test_a_launcher_before_the_compiler_keys_the_compiler_behind_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/usr/lib/ccache/g++`` is ccache: the g++ it runs (next on PATH) is keyed by content."""
+    real = _fs.realpath(str(shutil.which("g++")))
+    launcher = tmp_path / "launcher"  # runs the next g++ on PATH, as ccache does
+    launcher.write_text('#!/bin/sh\nPATH="${PATH#*:}" exec g++ "$@"\n')
+    launcher.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "g++").symlink_to(launcher)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "g++").symlink_to(real)
+    (tmp_path / "two").mkdir()
+    other = tmp_path / "two" / "x86_64-linux-gnu-g++-99"  # another build of g++
+    other.write_bytes(Path(real).read_bytes() + b"\0")
+    other.chmod(0o755)
+    (tmp_path / "two" / "g++").symlink_to(other)
+    wrapped = str(tmp_path / "bin" / "g++")
+
+    def files(behind: str) -> str:
+        monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{tmp_path / behind}")
+        return cpp_keys.compiler_files(wrapped)
+
+    assert files("one") != files("two")
+    assert cpp_keys.driver(wrapped) == str(tmp_path / "two" / "g++")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{tmp_path / 'empty'}")  # nothing behind it
+    assert cpp_keys.driver(wrapped) == wrapped
+    assert cpp_keys.compiler_files(wrapped).startswith("launcher\nrc=")  # toolchain.executable
+    assert cpp_keys.driver(real) == real  # a compiler is its own
+
+
+@pytest.mark.parametrize("flag", ["-march=native", "-mtune=native", "-mcpu=native"])
+def test_native_options_depend_on_the_cpu(tmp_path: Path, inc: Path, flag: str) -> None:
+    assert cpp_keys._native(Build.of(_builder(tmp_path, SOURCE, flags=flag, inc=inc)))  # noqa: SLF001
+    assert not cpp_keys._native(Build.of(_builder(tmp_path, SOURCE, flags="-O2", inc=inc)))  # noqa: SLF001
+
+
+def test_unreadable_cache_folders_leave_the_cpu_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    if cpp_keys.cpu_identity() is None:
+        pytest.skip("no /proc/cpuinfo flags here")
+
+    def denied(path: str) -> list[str]:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "listdir", denied)  # a sandbox that hides /sys
+    identity = cpp_keys.cpu_identity.__wrapped__()
+    assert identity is not None
+    assert "flags:" in identity
+
+
+def test_a_scan_is_remembered_per_search_path(
+    tmp_path: Path, inc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPATH adds a folder no flag names: a memo of the scan without it does not serve."""
+    monkeypatch.setattr(_fs, "TOO_NEW_NS", -1)
+    front = tmp_path / "front"
+    front.mkdir()
+    (front / "h.h").write_text("#define H 3\n")
+    records: dict[str, bytes] = {}
+    memo = (records.get, records.__setitem__)
+    gxx, text = str(shutil.which("g++")), "#include <h.h>\n"
+
+    def scan(*both: Path) -> str:
+        monkeypatch.setenv("CPLUS_INCLUDE_PATH", ":".join(str(f) for f in both))
+        search = SearchPath([], [str(f) for f in both], [], None)
+        return HeaderScans().digest(gxx, "id", [], text, memo, None, search).digest
+
+    plain = scan(inc)
+    assert scan(inc) == plain  # remembered
+    assert scan(front, inc) != plain  # front/h.h, not the memo of inc/h.h
+    assert len(records) == 2

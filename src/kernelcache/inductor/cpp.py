@@ -54,6 +54,7 @@ from kernelcache.inductor.cpp_keys import (
     direct_key,
     keyed,
     missing_fields,
+    read_inputs,
 )
 from kernelcache.inductor.headers import Load, Save, Scan
 from kernelcache.patching import Patches
@@ -244,18 +245,20 @@ class BuildHook:
         whole = self.get_cache()
         cache = runnable(whole)
         try:
-            direct: str | None = direct_key(build, self.torch_version, os.environ)
+            inputs = read_inputs(build)
+            direct: str | None = direct_key(build, self.torch_version, os.environ, inputs)
         except Uncacheable:
-            direct = None  # the full key decides (and says why it cannot)
+            inputs, direct = None, None  # the full key decides (and says why it cannot)
         if direct is not None:
-            entry = cpp_manifest.lookup(cache, direct)
+            entry = cpp_manifest.lookup(cache, direct, build)
             if entry is not None:
                 counters.count("hits")
                 counters.count("direct_hits")
                 self._place(entry, build.target)
                 return
         try:
-            key, scan = keyed(build, _scans, self.torch_version, _memo(whole))
+            search = cpp_manifest.search_path(build, os.environ)
+            key, scan = keyed(build, _scans, self.torch_version, _memo(whole), inputs, search)
         except Uncacheable:
             counters.count("uncached")
             self._compile(builder, build)

@@ -41,8 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernelcache import _fs, toolchain
+from kernelcache.directives import scan as scan_directives
 from kernelcache.inductor.headers import HeaderScans, Load, Save, Scan, Uncacheable
 from kernelcache.keys import KeyBuilder
+from kernelcache.nvcc.args import host_search
+from kernelcache.nvcc.includes import SearchPath
 
 __all__ = [
     "Build",
@@ -52,8 +55,11 @@ __all__ = [
     "cpu_identity",
     "direct_key",
     "directives",
+    "driver",
     "keyed",
     "native_flags",
+    "quoted_folder",
+    "read_inputs",
 ]
 
 NAMESPACE = "kernelcache.inductor.cpp"
@@ -63,7 +69,7 @@ SCHEMA = 1
 #: (the direct key holds them; the header scan sees the search folders they add).
 ENV_VARS = (
     "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
-    "SOURCE_DATE_EPOCH",
+    "SOURCE_DATE_EPOCH", "LIBRARY_PATH", "LD_RUN_PATH",
 )  # fmt: skip
 
 # A directive: '#' or the '%:' digraph first on a line, after blanks and block comments.
@@ -165,6 +171,20 @@ class Build:
             names[self.include] = "<include>"
         return [names.get(token, token) for token in self.command]
 
+    @property
+    def inputs(self) -> list[str]:
+        """The files a key holds by content: the sources, then the ``-include`` header."""
+        return [*self.sources, *([self.include] if self.include is not None else [])]
+
+    def folders(self) -> str:
+        """The folders of :attr:`inputs`, one a line (what a variant holds when the
+        sources' own folders decide a lookup: :func:`quoted_folder`)."""
+        return "\n".join(os.path.dirname(os.path.abspath(p)) for p in self.inputs)
+
+
+#: The content of a build's :attr:`Build.inputs`, read once (:func:`read_inputs`).
+Inputs = list[bytes]
+
 
 def directives(text: str) -> str:
     """The preprocessor directives of C++ ``text`` (with their continuation lines).
@@ -233,6 +253,44 @@ def _read(path: str) -> bytes:
         raise Uncacheable(f"cannot read {path}: {exc}") from exc
 
 
+def read_inputs(build: Build) -> Inputs:
+    """The content of ``build``'s sources and ``-include`` header (:attr:`Build.inputs`)."""
+    return [_read(path) for path in build.inputs]
+
+
+def _split(build: Build, inputs: Inputs) -> tuple[list[bytes], bytes]:
+    return inputs[: len(build.sources)], inputs[-1] if build.include is not None else b""
+
+
+def quoted_folder(build: Build, inputs: Inputs) -> str | None:
+    """The folder the build's quoted includes of a relative name start in, if any.
+
+    g++ looks up ``#include "h.h"`` of a source first in the source's folder:
+    the same source in another folder may read another header (``b/h.h``
+    shadowing ``-Iinc/h.h``). A build whose inputs have such an include is so
+    keyed and recorded for its folder; torch's kernels have none (``<...>``
+    and absolute names only), so their keys and variants hold no folder.
+    Raises :class:`Uncacheable` where the scan cannot stand where the compile
+    stands (inputs in two folders, a relative search folder).
+    """
+    folders = set()
+    for path, data in zip(build.inputs, inputs, strict=True):
+        found = scan_directives(data)
+        # A directive the scanner does not follow (a computed #include) may be quoted.
+        if found.unsure is not None or any(
+            quoted and not os.path.isabs(name) for quoted, _next, name in found.includes
+        ):
+            folders.add(os.path.dirname(os.path.abspath(path)))
+    if not folders:
+        return None
+    if len(folders) > 1:
+        raise Uncacheable(f"quoted includes beside inputs in {len(folders)} folders")
+    for _kind, value in host_search(build.preprocess_flags).includes:
+        if not os.path.isabs(value):
+            raise Uncacheable(f"a relative search option ({value!r}) beside quoted includes")
+    return folders.pop()
+
+
 def build_key(
     build: Build, scans: HeaderScans, torch_version: str, memo: tuple[Load, Save] | None = None
 ) -> str:
@@ -241,40 +299,66 @@ def build_key(
 
 
 def keyed(
-    build: Build, scans: HeaderScans, torch_version: str, memo: tuple[Load, Save] | None = None
+    build: Build,
+    scans: HeaderScans,
+    torch_version: str,
+    memo: tuple[Load, Save] | None = None,
+    inputs: Inputs | None = None,
+    search: SearchPath | None = None,
 ) -> tuple[str, Scan | None]:
-    """:func:`build_key`, and the header scan it holds (``None`` for a link: no headers)."""
+    """:func:`build_key`, and the header scan it holds (``None`` for a link: no headers).
+
+    ``inputs``: :func:`read_inputs`' answer where the caller has it (read once);
+    ``search``: where the build looks headers up, for the scan's memo
+    (:meth:`HeaderScans.digest`: without it, nothing is remembered).
+    """
     compiler = resolve(build.compiler)
-    identity = toolchain.executable(compiler)
+    identity = toolchain.executable(driver(compiler))
     if identity.startswith("probe_failed:"):
         raise Uncacheable(f"cannot identify the compiler {compiler}: {identity}")
-    sources = [_read(path) for path in build.sources]
-    include = _read(build.include) if build.include is not None else b""
+    inputs = read_inputs(build) if inputs is None else inputs
+    sources, include = _split(build, inputs)
     key = KeyBuilder(NAMESPACE).add("schema", SCHEMA).add("torch", torch_version)
     key.add("kind", build.kind).add("compiler", identity)
     key.add("native", native_flags(compiler) if _native(build) else "")
     key.add("command", tuple(build.normalized()))
+    key.add("files", _response_files(build))
     key.add("sources", tuple(hashlib.sha256(s).hexdigest() for s in sources))
     key.add("include", include)
     scan = None
     if not build.links:
+        folder = quoted_folder(build, inputs)
         text = directives(include.decode("utf-8", "replace"))
         text += "".join(directives(s.decode("utf-8", "replace")) for s in sources)
-        scan = scans.digest(compiler, identity, build.preprocess_flags, text, memo)
+        flags = build.preprocess_flags
+        scan = scans.digest(compiler, identity, flags, text, memo, folder, search)
     return key.add("headers", scan.digest if scan is not None else "").hexdigest(), scan
 
 
+def _response_files(build: Build) -> tuple[tuple[str | None, ...], ...]:
+    """The content digests of the command's ``@file`` options (g++ reads options there)."""
+    return tuple(tuple(row) for row in host_search(build.command).keyed)
+
+
+#: The options that make g++ derive code from this machine's CPU (``-mcpu=native``:
+#: torch's default on ppc64le and aarch64).
+_NATIVE = frozenset({"-march=native", "-mtune=native", "-mcpu=native"})
+
+
 def _native(build: Build) -> bool:
-    return any(t in ("-march=native", "-mtune=native") for t in build.command)
+    return any(t in _NATIVE for t in build.command)
 
 
-def direct_key(build: Build, torch_version: str, env: Mapping[str, str]) -> str:
+def direct_key(
+    build: Build, torch_version: str, env: Mapping[str, str], inputs: Inputs | None = None
+) -> str:
     """The key of ``build``'s manifest: every field of :func:`build_key` but the headers.
 
     Computed without running anything: the compiler by the content of its
     files (:func:`compiler_files`), ``-march=native`` by the CPU it is derived
     from (:func:`cpu_identity`; g++'s expansion where that cannot be read), and
-    the environment variables g++ reads (:data:`ENV_VARS`).
+    the environment variables g++ reads (:data:`ENV_VARS`). ``inputs``:
+    :func:`read_inputs`' answer where the caller has it.
     """
     compiler = resolve(build.compiler)
     native = ""
@@ -282,24 +366,69 @@ def direct_key(build: Build, torch_version: str, env: Mapping[str, str]) -> str:
         native = cpu_identity() or native_flags(compiler)
     key = KeyBuilder(DIRECT_NAMESPACE).add("schema", SCHEMA).add("torch", torch_version)
     key.add("kind", build.kind).add("compiler", compiler_files(compiler)).add("native", native)
-    key.add("command", tuple(build.normalized()))
-    sources = [hashlib.sha256(_read(path)).hexdigest() for path in build.sources]
-    key.add("sources", tuple(sources))
-    key.add("include", _read(build.include) if build.include is not None else b"")
+    key.add("command", tuple(build.normalized())).add("files", _response_files(build))
+    sources, include = _split(build, read_inputs(build) if inputs is None else inputs)
+    key.add("sources", tuple(hashlib.sha256(s).hexdigest() for s in sources))
+    key.add("include", include)
     return key.add("env", {name: env.get(name) for name in ENV_VARS}).hexdigest()
+
+
+#: A compiler driver's file name: ``g++``, ``x86_64-linux-gnu-g++-12``, ``clang++-18``, ``cc``.
+_DRIVER = re.compile(r"^(?:[\w.]+-)*(?:gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(?:-[\d.]+)?$")
 
 
 def compiler_files(compiler: str) -> str:
     """The compiler by content: its file's and those a wrapper script names (no run).
 
     ``--version`` (in :func:`build_key`'s identity) is printed by the same bytes.
+    Behind a launcher (:func:`driver`), the launcher's and the real compiler's
+    files. A file of another name with no compiler behind it (``icpx``, or a
+    launcher this cannot follow) is identified as the entry's key identifies it:
+    :func:`kernelcache.toolchain.executable` (``--version`` and content, memoised by stat).
     """
     try:
-        real = _fs.realpath(compiler)
-        files = [real, *toolchain.script_targets(real)]
+        behind = driver(compiler)
+        if behind == compiler and not _is_driver(compiler):
+            identity = toolchain.executable(compiler)
+            if identity.startswith("probe_failed:"):
+                raise Uncacheable(f"cannot identify the compiler {compiler}: {identity}")
+            return identity
+        files = []
+        for path in dict.fromkeys([compiler, behind]):
+            real = _fs.realpath(path)
+            files += [real, *toolchain.script_targets(real)]
         return "\n".join(f"{os.path.basename(p)}:{toolchain.file_digest(p)}" for p in files)
     except OSError as exc:
         raise Uncacheable(f"cannot read the compiler {compiler}: {exc}") from exc
+
+
+#: A compiler driver's file name: ``g++``, ``x86_64-linux-gnu-g++-12``, ``clang++-18``, ``cc``.
+_DRIVER = re.compile(r"^(?:[\w.]+-)*(?:gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(?:-[\d.]+)?$")
+
+
+def _is_driver(path: str) -> bool:
+    return _DRIVER.match(os.path.basename(_fs.realpath(path))) is not None
+
+
+def driver(compiler: str) -> str:
+    """The compiler that ``compiler`` (a path, as :func:`resolve` finds it) runs.
+
+    A name that resolves to no compiler driver (``/usr/lib/ccache/g++`` is a
+    link to ``ccache``; sccache, distcc) may be a launcher: it runs the next
+    compiler of that name on ``PATH``, which its own bytes (and its
+    ``--version``, ccache's) say nothing of. That one is then the compiler the
+    keys identify; without one, ``compiler`` itself.
+    """
+    if _is_driver(compiler):
+        return compiler
+    name = os.path.basename(compiler)
+    here = os.path.dirname(os.path.abspath(compiler))
+    folders = [os.path.abspath(f or ".") for f in os.environ.get("PATH", "").split(os.pathsep)]
+    for folder in folders[folders.index(here) + 1 :] if here in folders else folders:
+        path = os.path.join(folder, name)
+        if os.access(path, os.X_OK) and _is_driver(path):
+            return path
+    return compiler
 
 
 #: /proc/cpuinfo fields that differ between the cores of one CPU, or over time,
@@ -339,7 +468,11 @@ def cpu_identity() -> str | None:
         return None
     caches = []
     base = "/sys/devices/system/cpu/cpu0/cache"
-    for index in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+    try:
+        indexes = sorted(os.listdir(base))
+    except OSError:
+        indexes = []  # no cache folders shown: the CPU's fields above still count
+    for index in indexes:
         for name in _CACHE_FIELDS:
             try:
                 with open(os.path.join(base, index, name)) as f:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
-from kernelcache.inductor.cpp_keys import Build
+from kernelcache.inductor.cpp_keys import Build, Uncacheable, quoted_folder
 from kernelcache.inductor.headers import Scan
 from kernelcache.nvcc import deps, includes
 from kernelcache.nvcc.args import host_search
@@ -46,9 +46,19 @@ __all__ = ["lookup", "record", "search_path"]
 _PATH_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
 
 
-def lookup(cache: Cache, direct: str) -> Entry | None:
-    """The result of the first variant under ``direct`` whose headers are unchanged."""
+def lookup(cache: Cache, direct: str, build: Build) -> Entry | None:
+    """The result of the first variant under ``direct`` whose headers are unchanged.
+
+    A variant recorded with its inputs' folders (their quoted includes are
+    looked up there first: :func:`kernelcache.inductor.cpp_keys.quoted_folder`)
+    holds for a build in those folders only.
+    """
+    folders: str | None = None
     for variant in deps.variants(cache.get(direct)):
+        if "folder" in variant:
+            folders = build.folders() if folders is None else folders
+            if variant["folder"] != folders:
+                continue
         if deps.matches(variant.get("deps", []), None) and includes.still_absent(
             variant.get("absent", []), None
         ):
@@ -67,8 +77,9 @@ def search_path(build: Build, env: Mapping[str, str]) -> includes.SearchPath:
     quote: list[str] = []
     both: list[str] = []
     pre: list[str] = []
-    unsure = None
-    for kind, value in host_search(build.command):
+    found = host_search(build.command)
+    unsure = None if found.reason is None else f"the command cannot be followed: {found.reason}"
+    for kind, value in found.includes:
         if kind == "pre":
             pre.append(value)
         elif kind == "unsure":
@@ -95,6 +106,7 @@ def record(
     """
     rows: list[list[object]] = []
     absent: list[list[object]] = []
+    folder = None
     if scan is not None:
         if scan.files is None:
             return "the headers read are not known exactly"
@@ -107,20 +119,28 @@ def record(
             return "a header changed since the scan"
         rows, contents = recorded
         texts = dict(contents)
-        for path in [*build.sources, *([build.include] if build.include else [])]:
+        for path in build.inputs:
             try:
                 with open(path, "rb") as f:
                     texts[path] = f.read()
             except OSError as exc:
                 return f"cannot read {path}: {exc.strerror}"
         try:
-            missing = includes.absent(texts, search_path(build, env), scan.started_ns)
+            if quoted_folder(build, [texts[path] for path in build.inputs]) is not None:
+                folder = build.folders()
+        except Uncacheable as exc:
+            return str(exc)
+        try:
+            missing = includes.absent(texts, scan.search(search_path(build, env)), scan.started_ns)
         except includes.Unsure as exc:
             return str(exc)
         if missing is None:
             return "a header appeared during the scan"
         absent = includes.watch(missing, None)
-    variants = deps.add_variant(deps.variants(cache.get(direct)), rows, absent, result)
+    known = deps.variants(cache.get(direct))
+    variants = deps.add_variant(known, rows, absent, result, folder)
+    if known and known[0] == variants[0]:
+        return None  # the newest variant already (a hit on the full key): nothing to write
     cache.put(
         direct, Entry({deps.MANIFEST: json.dumps(variants).encode()}, meta={"kind": "manifest"})
     )

@@ -24,6 +24,7 @@ cannot change the output (:func:`kernelcache.nvcc.key.portable_folder`).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from kernelcache.nvcc.options import ATTACHABLE, BY_NAME, FLAG, HOST_UNCACHEABLE, OPTIONS, VALUE
 
@@ -287,12 +288,24 @@ def _host_options(inv: Invocation, tokens: list[str], depth: int) -> None:
         inv.includes.append(("unsure", tokens[-1]))
 
 
-def host_search(tokens: list[str]) -> list[tuple[str, str]]:
+class HostSearch(NamedTuple):
+    """What :func:`host_search` finds in a host compiler's command line."""
+
+    #: The search options, as :attr:`Invocation.includes` holds them.
+    includes: list[tuple[str, str]]
+    #: Why the command's lookups cannot be modelled (an unreadable response file, ...).
+    reason: str | None
+    #: What the command reads beyond its tokens (a response file's content digest).
+    keyed: list[list[str | None]]
+
+
+def host_search(tokens: list[str]) -> HostSearch:
     """The search options of a host compiler's command line, as :attr:`Invocation.includes`
-    holds them (g++'s own commands: Inductor's C++ builds, :mod:`kernelcache.inductor.cpp_manifest`)."""
+    holds them (g++'s own commands: Inductor's C++ builds, :mod:`kernelcache.inductor.cpp_manifest`),
+    with the reason they cannot be followed and the response files' content."""
     inv = Invocation([])
     _host_options(inv, tokens, 0)
-    return inv.includes
+    return HostSearch(inv.includes, inv.reason, inv.keyed)
 
 
 def _response_file(inv: Invocation, name: str, depth: int) -> None:

@@ -242,10 +242,46 @@ def variants(manifest: Entry | None) -> list[dict[str, Any]]:
         return []
     try:
         found = json.loads(manifest[MANIFEST])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         return []  # a foreign or damaged manifest is a miss
     if not isinstance(found, list):
         return []
-    # Variants recorded before failed include lookups were (no "absent") could
-    # hide a header created earlier in the search path: they are not trusted.
-    return [v for v in found if isinstance(v, dict) and "absent" in v]
+    # A variant of another shape (damaged, foreign, or recorded before failed include
+    # lookups were: no "absent", which could hide a header created earlier in the
+    # search path) is dropped here, so that no reader of one raises.
+    return [v for v in found if _valid(v)]
+
+
+def _valid(variant: object) -> bool:
+    """Whether ``variant`` has the shape :func:`add_variant` gives it."""
+    if not isinstance(variant, dict):
+        return False
+    rows, absent, result = variant.get("deps"), variant.get("absent"), variant.get("result")
+    return (
+        type(rows) is list
+        and type(absent) is list
+        and type(result) is str
+        and type(variant.get("folder", "")) is str
+        and all(
+            type(row) is list
+            and len(row) == 3
+            and type(row[0]) is str
+            and type(row[1]) is str
+            and _signature(row[2])
+            for row in rows
+        )
+        and all(
+            type(group) is list
+            and len(group) == 3
+            and type(group[0]) is str
+            and _signature(group[1])
+            and type(group[2]) is list
+            and all(type(name) is str for name in group[2])
+            for group in absent
+        )
+    )
+
+
+def _signature(value: object) -> bool:
+    # Only the shape: a foreign value in it compares unequal, and the content decides.
+    return value is None or (type(value) is list and len(value) == 5)
