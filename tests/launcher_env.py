@@ -150,7 +150,14 @@ def stop_server(cache_dir: Path | str) -> bool:
     """Stop ``cache_dir``'s server and wait for it to exit; ``False`` if none ran."""
     from kernelcache.nvcc import control
 
-    return control.stop(str(cache_dir), STOP_TIMEOUT)
+    try:
+        return control.stop(str(cache_dir), STOP_TIMEOUT)
+    except TimeoutError as exc:
+        # Seen once in CI (a server resumed after SIGSTOP, then sent SIGTERM, still in
+        # poll() 60 s later) and never again: the server's own log says what it was doing.
+        log = Path(cache_dir) / control.LOG
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        raise TimeoutError(f"{exc}\nits log ends:\n{tail}") from exc
 
 
 def listening(cache_dir: Path) -> bool:
