@@ -127,7 +127,7 @@ class Space:
         network: bool = False,
     ) -> None:
         self.layout = layout
-        self.queues = Queues(layout.lru, shards(), layout.staging, layout.at)
+        self.queues = Queues(layout.lru, shards(), layout.staging)
         self._count = count
         self._caps = caps
         self.lock = TierLock(layout, network=network)
@@ -160,14 +160,12 @@ class Space:
                     doomed, self._doomed = self._doomed, []
         finally:
             pending, self._leftover = self._leftover + doomed, []
-            self._leftover = [p for p in pending if not remove_tree(p, self.layout.at)][
-                :_LEFTOVER_MAX
-            ]
+            self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
         self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
     def discard(self, path: str) -> None:
         """Delete ``path`` in staging now, or after a later change if it cannot go now."""
-        if not remove_tree(path, self.layout.at) and len(self._leftover) < _LEFTOVER_MAX:
+        if not remove_tree(path) and len(self._leftover) < _LEFTOVER_MAX:
             self._leftover.append(path)
 
     # Changes -------------------------------------------------------------
@@ -176,7 +174,7 @@ class Space:
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
             if self.lock.network:
-                link_in(tally, tmp, path, size, self.discard, self.layout.at)
+                link_in(tally, tmp, path, size, self.discard)
                 self.clean(tally)
                 return
             try:
@@ -200,27 +198,20 @@ class Space:
         self.layout.shard_dir(self.layout.extracted, shard, create=True)
         path = self.layout.entry_path(key, shard)
         trash = self.layout.trash()
-        # Relative to the open folders: one lookup per name on a network filesystem.
-        (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
         try:
-            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            os.rename(path, trash)
         except FileNotFoundError:
             return False
         self._doomed.append(trash)
         # On a network filesystem the rename took the server's file, which this node's
         # name cache may not know yet (another node replaced the entry): ask the server.
-        if self.lock.network:
-            st = lstat_fresh(trash, self.layout.at)
-        else:
-            st = os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
+        st = lstat_fresh(trash) if self.lock.network else os.lstat(trash)
         if not stat.S_ISREG(st.st_mode):
             self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
             return False
-        if not st.st_size and self.lock.network:
-            return False  # a lookup probe's file (netpublish.probe): no entry, never counted
         if expect_ino is not None and st.st_ino != expect_ino:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
-                os.link(dst, src, src_dir_fd=dst_fd, dst_dir_fd=src_fd)
+                os.link(trash, path)
             return False
         freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
@@ -228,18 +219,16 @@ class Space:
 
     def probe(self, key: str) -> None:
         """Make this node see ``key``'s entry as the server has it (``DiskStore._revalidate``,
-        :func:`.netpublish.probe`). Without the space lock (issue 40: a lease costs ~10
-        round trips): the empty file it may make is no entry to a removal or a publish
-        (never counted; a recount meanwhile counts it as an entry of 0 bytes: high, never
-        low), and it checks afresh which file it removes."""
-        probe(self.layout.entry_path(key), self.layout.trash, self.discard, self.layout.at)
+        :func:`.netpublish.probe`). Under the lock: no recount or publish ever sees the
+        empty file it may make (never counted)."""
+        with self.locked():
+            probe(self.layout.entry_path(key), self.layout.trash, self._doomed.append)
 
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
-        (src_fd, src), (dst_fd, dst) = self.layout.at(folder), self.layout.at(trash)
         try:
-            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            os.rename(folder, trash)
         except FileNotFoundError:
             return 0
         self._doomed.append(trash)
@@ -419,5 +408,4 @@ class Space:
         return count, size
 
     def close(self) -> None:
-        self.cleaner.wait()  # before the folders its leases are relative to are closed
         self.lock.close()
