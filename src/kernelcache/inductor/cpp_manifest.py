@@ -30,7 +30,6 @@ every machine of a team that shares an image or a venv layout.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 
 from kernelcache.cache import Cache
@@ -41,9 +40,6 @@ from kernelcache.nvcc import deps, includes
 from kernelcache.nvcc.args import host_search
 
 __all__ = ["lookup", "record", "search_path"]
-
-#: The variables that add folders to g++'s search path, as ``-I`` would (after them).
-_PATH_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
 
 
 def lookup(cache: Cache, direct: str, build: Build) -> Entry | None:
@@ -74,26 +70,11 @@ def search_path(build: Build, env: Mapping[str, str]) -> includes.SearchPath:
     A relative folder is looked up from the working directory, which no key
     holds: such a search is not modelled (no variant; the scan decides).
     """
-    quote: list[str] = []
-    both: list[str] = []
-    pre: list[str] = []
     found = host_search(build.command)
-    unsure = None if found.reason is None else f"the command cannot be followed: {found.reason}"
-    for kind, value in found.includes:
-        if kind == "pre":
-            pre.append(value)
-        elif kind == "unsure":
-            unsure = unsure or f"a search option the scanner does not model ({value})"
-        elif not os.path.isabs(value):
-            unsure = unsure or f"a search folder that is not absolute ({value!r})"
-        else:
-            (quote if kind == "quote" else both).append(value)
-    for name in _PATH_VARS:
-        for folder in env.get(name, "").split(os.pathsep) if env.get(name) else []:
-            if not os.path.isabs(folder):
-                unsure = unsure or f"{name} names a folder that is not absolute ({folder!r})"
-            both.append(folder)
-    return includes.SearchPath(quote, both, pre, unsure)
+    search = includes.host_search_path(found.includes, env, absolute=True)
+    if found.reason is not None:
+        search.unsure = f"the command cannot be followed: {found.reason}"
+    return search
 
 
 def record(

@@ -107,26 +107,48 @@ class SearchPath:
 
 
 def search_path(inv: Invocation, env: Mapping[str, str]) -> SearchPath:
-    """The folders and pre-included headers of this call (see :class:`SearchPath`)."""
+    """The folders and pre-included headers of this nvcc call (see :class:`SearchPath`)."""
+    found = host_search_path(inv.includes, env)
+    found.pre.insert(0, NVCC_PRE_INCLUDE)
+    for name in _PROFILE_SEARCH:
+        if _names_folders(env.get(name, "")):
+            found.unsure = found.unsure or (
+                f"{name} names search folders or headers (nvcc.profile adds them)"
+            )
+    return found
+
+
+#: The variables that add folders to the host compiler's search path, after ``-I``'s.
+PATH_VARS = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")
+
+
+def host_search_path(
+    includes: Sequence[tuple[str, str]], env: Mapping[str, str], *, absolute: bool = False
+) -> SearchPath:
+    """The :class:`SearchPath` of a host compiler's search options (``Invocation.includes``)
+    and its environment. ``absolute``: a relative folder is unsure (it is looked up from
+    a working directory no key holds); an empty element of a variable means ``.``."""
     quote: list[str] = []
     both: list[str] = []
-    pre = [NVCC_PRE_INCLUDE]
+    pre: list[str] = []
     unsure = None
-    for kind, value in inv.includes:
+    for kind, value in includes:
         if kind == "pre":
             pre.append(value)
         elif kind == "unsure":
             unsure = unsure or f"a host search option the scanner does not model ({value})"
         elif value.startswith(("=", "$SYSROOT")):
             unsure = unsure or f"a search folder relative to the sysroot ({value})"
+        elif absolute and not os.path.isabs(value):
+            unsure = unsure or f"a search folder that is not absolute ({value!r})"
         else:
             (quote if kind == "quote" else both).append(value)
-    for name in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"):
+    for name in PATH_VARS:
         if env.get(name):
-            both += [d or "." for d in env[name].split(os.pathsep)]
-    for name in _PROFILE_SEARCH:
-        if _names_folders(env.get(name, "")):
-            unsure = unsure or f"{name} names search folders or headers (nvcc.profile adds them)"
+            for folder in [d or "." for d in env[name].split(os.pathsep)]:
+                if absolute and not os.path.isabs(folder):
+                    unsure = unsure or f"{name} names a folder that is not absolute ({folder!r})"
+                both.append(folder)
     return SearchPath(quote, both, pre, unsure)
 
 
