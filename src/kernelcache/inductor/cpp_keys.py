@@ -373,10 +373,6 @@ def direct_key(
     return key.add("env", {name: env.get(name) for name in ENV_VARS}).hexdigest()
 
 
-#: A compiler driver's file name: ``g++``, ``x86_64-linux-gnu-g++-12``, ``clang++-18``, ``cc``.
-_DRIVER = re.compile(r"^(?:[\w.]+-)*(?:gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(?:-[\d.]+)?$")
-
-
 def compiler_files(compiler: str) -> str:
     """The compiler by content: its file's and those a wrapper script names (no run).
 
