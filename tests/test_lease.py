@@ -155,12 +155,12 @@ def test_no_thread_creates_the_lease_while_another_thread_has_it_away(
     creators: list[threading.Thread] = []
     real = lease._read_fresh  # noqa: SLF001 (called while the take has the lease away)
 
-    def judging(name: str) -> bytes | None:
+    def judging(name: str, dir_fd: int | None) -> bytes | None:
         creator = threading.Thread(target=lambda: got.append(fourth.acquire(0)))
         creators.append(creator)
         creator.start()
         creator.join(0.3)  # its create runs now, or waits for the take to end
-        return real(name)
+        return real(name, dir_fd)
 
     monkeypatch.setattr(lease, "_read_fresh", judging)
     assert not take(path, lambda record: record == seen)
@@ -337,7 +337,7 @@ def test_a_lease_whose_release_failed_does_not_stall_waiters(
     assert holder.acquire(0)
     real_rename = os.rename
 
-    def busy(src: str, dst: str) -> None:
+    def busy(src: str, dst: str, **_at: int | None) -> None:
         raise OSError(errno.EBUSY, "busy")
 
     monkeypatch.setattr(os, "rename", busy)

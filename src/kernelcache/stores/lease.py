@@ -92,10 +92,12 @@ _HOST = os.uname().nodename
 _BOOT = boot_id()
 
 
-def read_record(path: str) -> bytes | None:
-    """The lock file's record (a fresh open: close-to-open consistency), ``None`` if absent."""
+def read_record(path: str, dir_fd: int | None = None) -> bytes | None:
+    """The lock file's record (a fresh open: close-to-open consistency), ``None`` if absent.
+
+    ``dir_fd``: ``path`` is a name in that open directory (:class:`LeaseLock`)."""
     try:
-        fd = os.open(path, _READ)
+        fd = os.open(path, _READ, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     try:
@@ -137,8 +139,15 @@ class LeaseLock:
         path: str,
         lease: float = LEASE_SECONDS,
         on_error: Callable[[], None] | None = None,
+        *,
+        dir_fd: int | None = None,
     ) -> None:
         self.path = path
+        # With the folder open (``dir_fd``), each request names the file alone: on a
+        # network filesystem every folder of a path walked is a lookup, a round trip
+        # each when names are not cached (issue 40: ~5 per request, ~20 per lease).
+        self._dir_fd = dir_fd
+        self._name = path if dir_fd is None else os.path.basename(path)
         self.lease = lease
         self._on_error = on_error
         self._nonce = ""
@@ -176,7 +185,7 @@ class LeaseLock:
             try:
                 if self._try_create():
                     return True
-                record = read_record(self.path)
+                record = read_record(self._name, self._dir_fd)
             except OSError as exc:
                 # ESTALE/EIO from a server that answers the next request: retried
                 # (after a pause), as a lock that is not ours yet; a third one in a row raises.
@@ -210,9 +219,11 @@ class LeaseLock:
         _held.add(nonce)
         try:
             with _stripe(self.path):  # never while a take() of this process has it away
-                fd = os.open(self.path, _CREATE, 0o600)
+                fd = os.open(self._name, _CREATE, 0o600, dir_fd=self._dir_fd)
         except FileNotFoundError:
             _held.discard(nonce)
+            if self._dir_fd is not None:
+                raise  # the open folder itself was removed: nothing to make it in
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             return self._create()
         except BaseException:  # FileExistsError (held by another) included
@@ -226,7 +237,7 @@ class LeaseLock:
         except BaseException:
             _held.discard(nonce)
             with contextlib.suppress(OSError):  # ours (O_EXCL), with no owner in it
-                os.unlink(self.path)
+                os.unlink(self._name, dir_fd=self._dir_fd)
             raise
         self._nonce, self.lost = nonce, False
         stop = self._stop = threading.Event()
@@ -245,7 +256,9 @@ class LeaseLock:
         while not stop.wait(self.lease / 4):
             beat += 1
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = os.open(
+                    self._name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self._dir_fd
+                )
             except OSError:
                 # ESTALE/EIO, or no name: another process's take() may have the lease away
                 # for a moment (it links ours back). The next beat tries again, well
@@ -266,7 +279,7 @@ class LeaseLock:
 
     def _take(self, expected: bytes | None) -> bool:
         """Remove the lock file if it still holds ``expected``; ``True`` if it did."""
-        return take(self.path, lambda record: record == expected)
+        return take(self.path, lambda record: record == expected, dir_fd=self._dir_fd)
 
     def release(self) -> None:
         """Stop renewing and remove the lock file if it is still ours.
@@ -294,12 +307,12 @@ class LeaseLock:
         pause, failures, away = _FIRST_POLL, 0, 0.0
         while True:  # a lease left behind stalls every waiter for its whole term
             try:
-                if take(self.path, lambda r: _owned(r, nonce)):
+                if take(self.path, lambda r: _owned(r, nonce), dir_fd=self._dir_fd):
                     return True
                 # Another's lease (ours was taken over: put back), or no name: taken over
                 # and freed since, or away for a moment. Another process's take() renames
                 # a lease to read it, then links it back: ours would come back with no holder.
-                record = read_record(self.path)
+                record = read_record(self._name, self._dir_fd)
                 if not (record is None or _owned(record, nonce)) or away >= _AWAY:
                     self.lost = True
                     return True
@@ -316,7 +329,7 @@ class LeaseLock:
     def _mark_free(self, nonce: str) -> None:
         """Say in the file itself that the lease is free (writing needs no rename)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(self._name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self._dir_fd)
         except OSError:
             return  # the lease then expires
         try:
@@ -329,50 +342,53 @@ class LeaseLock:
             os.close(fd)
 
 
-def _read_fresh(path: str) -> bytes | None:
+def _read_fresh(path: str, dir_fd: int | None) -> bytes | None:
     """``read_record`` of the file the server holds under ``path``, not of the one this
     node cached under the name (:func:`kernelcache._fs.exists_afresh`)."""
-    return read_record(path) if exists_afresh(path) else None
+    return read_record(path, dir_fd) if exists_afresh(path, dir_fd) else None
 
 
 def _owned(record: bytes | None, nonce: str) -> bool:
     return record is not None and record.split(b" ")[3:4] == [nonce.encode()]
 
 
-def take(path: str, accept: Callable[[bytes | None], bool]) -> bool:
+def take(path: str, accept: Callable[[bytes | None], bool], dir_fd: int | None = None) -> bool:
     """Remove the lock file ``path`` if ``accept`` its record; ``True`` if it did.
 
     Renamed to a private name first (atomic on the server), so the record
     judged is the file removed; one not accepted, or not readable (the OS
     error is raised), is linked back, unless a newer one holds the name already
     (another process's create in that moment; never another thread's: ``_stripe``).
+    ``dir_fd``: ``path``'s folder, open; the requests name the file relative to it.
     """
     with _stripe(path):
-        return _take_unstriped(path, accept)
+        if dir_fd is not None:
+            path = os.path.basename(path)
+        return _take_unstriped(path, accept, dir_fd)
 
 
-def _take_unstriped(path: str, accept: Callable[[bytes | None], bool]) -> bool:
+def _take_unstriped(path: str, accept: Callable[[bytes | None], bool], dir_fd: int | None) -> bool:
     private = f"{path}.{unique()}.taken"
     try:
-        os.rename(path, private)
+        os.rename(path, private, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileNotFoundError:
         return False
     try:
         try:
-            record = _read_fresh(private)
+            record = _read_fresh(private, dir_fd)
         except OSError:
             # ESTALE, EIO: unjudged, so maybe a live lease taken since it was judged dead.
             # If the link fails too, the name is free and its holder learns it is lost.
             with contextlib.suppress(OSError):
-                os.link(private, path)
+                os.link(private, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             raise
         if record is None:
             return False  # gone from its private name as well: nothing to judge or put back
         if accept(record):
             return True
         with contextlib.suppress(FileExistsError):
-            os.link(private, path)
+            os.link(private, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         return False
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(private)
+            os.unlink(private, dir_fd=dir_fd)
