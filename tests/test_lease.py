@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +424,85 @@ def test_sweep_removes_leases_no_one_renews(tmp_path: Path) -> None:
         os.utime(path, (time.time() - 7200, time.time() - 7200))
     assert sweep_locks(str(tmp_path)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lease"]
+
+
+def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) -> Callable[..., Any]:
+    """Make ``os.<name>`` fail with ``EIO`` on its next ``times`` calls (a network
+    filesystem's transient error), then behave again; returns the real one."""
+    real = getattr(os, name)
+    left = [times]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, failing)
+    return real
+
+
+def test_a_lease_no_one_renews_is_taken_over_by_waits_shorter_than_its_term(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder's write of its record failed (EIO), and so did each removal of the file
+    it had just made: an empty lease file, with no holder to renew or release it. Waiters
+    take it over once it stayed unchanged for a lease, counted across their waits: the
+    space lease waits 3 s at a time (LEASE_WAIT), a tenth of its term, and a clock
+    restarted by each wait never got there: every put of every process was busy for good
+    (issue 40's random-EIO stress: two workers "hung", busy=148)."""
+    path = str(tmp_path / "space.lease")
+    failed = LeaseLock(path, lease=0.5)
+    _failing_once(monkeypatch, "write")
+    _failing_once(monkeypatch, "unlink", times=3)
+    assert not failed.acquire(0)  # its retry finds the file it could not remove
+    monkeypatch.undo()
+    assert read_record(path) == b""  # left behind, naming no one
+    waiter = LeaseLock(path, lease=0.5)
+    waits = 0
+    while not waiter.acquire(0.1):  # each wait a fifth of the term
+        waits += 1
+        assert waits < 200, "the empty lease was never taken over"
+    assert waits >= 2  # not at once: an empty file may be a holder between create and write
+    assert dead_here(read_record(path) or b"") is False  # the waiter's own record now
+    waiter.release()
+    assert read_record(path) is None
+
+
+def test_an_unwritten_lease_file_is_removed_through_a_transient_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "k.lease")
+    _failing_once(monkeypatch, "write")
+    _failing_once(monkeypatch, "unlink")  # the first removal fails, its retry does not
+    holder = LeaseLock(path, lease=3600)
+    # Its file removed, the create is retried (EIO is transient) and holds; left there,
+    # the empty file would have made the lease wait out its whole term.
+    assert holder.acquire(0)
+    monkeypatch.undo()
+    assert not dead_here(read_record(path) or b"")
+    holder.release()
+    assert read_record(path) is None
+
+
+def test_a_lease_marked_free_but_not_cut_is_taken_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that cannot remove its lease (EBUSY) marks it free in place; the cut of the
+    record's rest failing too (EIO) leaves "free" first, which waiters still read as free.
+    Cut first, the same error left the whole record of a holder gone: a lease's wait."""
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    monkeypatch.setattr(os, "rename", lambda *_a, **_k: _raise(errno.EBUSY))
+    _failing_once(monkeypatch, "ftruncate")
+    holder.release()
+    monkeypatch.undo()
+    assert (read_record(path) or b"").startswith(b"free\n")
+    waiter = LeaseLock(path, lease=3600)
+    assert waiter.acquire(0)
+    waiter.release()
+
+
+def _raise(code: int) -> None:
+    raise OSError(code, os.strerror(code))

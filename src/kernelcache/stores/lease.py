@@ -26,6 +26,14 @@ over when the owner is dead on this very machine (same host and boot id, no
 such pid), or when the record has not changed for ``lease`` seconds on the
 waiter's own monotonic clock: no clocks are compared across nodes.
 
+That clock runs across this process's waits, not within one: most waits are
+far shorter than a lease (the space lease's :data:`.tierlock.LEASE_WAIT` is
+3 s, a cleaner's 0 s), and a clock restarted by each would never reach the
+term. A lease file no one renews (an empty one, whose holder's write of its
+record failed and whose removal failed too; a live process's that it no
+longer holds) then stalled every later wait for good: every put of every
+other process gave up as busy (issue 40's random-EIO stress, 1 run in ~80).
+
 Takeover and release never unlink a name blindly: the file is first renamed
 to a private name (atomic on the server), read, and removed only if it is
 the record that was judged dead (or our own); a live one taken by mistake is
@@ -61,6 +69,10 @@ _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
 #: How long a release looks for its lease's name while it is away (another's take()).
 _AWAY = 0.5
+#: Lease files watched by this process's waits: path -> (what was seen, since when).
+_watched: dict[str, tuple[tuple[bytes, int], float]] = {}
+_WATCHED_MAX = 1024
+_watched_lock = threading.Lock()
 _STRIPE_COUNT = 64
 
 
@@ -81,8 +93,9 @@ def _stripe(path: str) -> threading.Lock:
 
 
 def _fresh_stripes_in_child() -> None:
-    global _stripes
+    global _stripes, _watched_lock
     _stripes = _new_stripes()  # a forked child lacks the thread that may hold one
+    _watched_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_fresh_stripes_in_child)
@@ -106,11 +119,43 @@ def read_record(path: str, dir_fd: int | None = None) -> bytes | None:
         os.close(fd)
 
 
+def _seen_since(path: str, seen: tuple[bytes, int] | None, now: float) -> float:
+    """Since when (monotonic) this process has seen ``seen`` under the lease ``path``,
+    across its waits (see the module docstring): ``now`` when it is new. ``None``: no
+    file there (forgotten)."""
+    with _watched_lock:
+        if seen is None:
+            _watched.pop(path, None)
+            return now
+        known = _watched.get(path)
+        if known is not None and known[0] == seen:
+            return known[1]
+        if len(_watched) >= _WATCHED_MAX:
+            del _watched[next(iter(_watched))]  # the oldest: a wait starts its clock afresh
+        _watched[path] = (seen, now)
+        return now
+
+
+def _read_seen(name: str, dir_fd: int | None) -> tuple[bytes | None, tuple[bytes, int] | None]:
+    """The lock file's record, and what a waiter compares between looks: the record, with
+    the file's inode when it is empty (every empty record reads alike; one seen now and
+    one seen a lease later may be two holders', each between its create and its write)."""
+    try:
+        fd = os.open(name, _READ, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None, None
+    try:
+        record = os.read(fd, _RECORD_MAX)
+        return record, (record, 0 if record else os.fstat(fd).st_ino)
+    finally:
+        os.close(fd)
+
+
 def dead_here(record: bytes) -> bool:
     """Whether ``record`` names no live holder: a process of this machine (this boot) that is
     gone, a lease of this very process that it no longer holds (its release failed), or a
-    lease its holder marked free."""
-    if record == _FREE:
+    lease its holder marked free (its first bytes: the rest of its record may follow)."""
+    if record.startswith(_FREE):
         return True
     fields = record.split(b" ")
     if len(fields) < 5 or fields[0].decode(errors="replace") != _HOST:
@@ -178,14 +223,13 @@ class LeaseLock:
 
     def _acquire(self, deadline: float) -> bool:
         poll = _FIRST_POLL
-        seen: bytes | None = None
-        seen_at = time.monotonic()
         failures = 0
         while True:
             try:
                 if self._try_create():
+                    _seen_since(self.path, None, 0.0)
                     return True
-                record = read_record(self._name, self._dir_fd)
+                record, seen = _read_seen(self._name, self._dir_fd)
             except OSError as exc:
                 # ESTALE/EIO from a server that answers the next request: retried
                 # (after a pause), as a lock that is not ours yet; a third one in a row raises.
@@ -196,8 +240,9 @@ class LeaseLock:
                 continue
             failures = 0
             now = time.monotonic()
-            if record != seen:
-                seen, seen_at = record, now  # renewed (or a new holder): its lease restarts
+            # Renewed, or a new holder: its lease restarts. Unchanged: counted since this
+            # process first saw it so, in this wait or an earlier one.
+            seen_at = _seen_since(self.path, seen, now)
             if record is not None and (dead_here(record) or now - seen_at >= self.lease):
                 self._take(record)
                 continue
@@ -236,8 +281,7 @@ class LeaseLock:
                 os.close(fd)  # close flushes it to the server: others read it on open
         except BaseException:
             _held.discard(nonce)
-            with contextlib.suppress(OSError):  # ours (O_EXCL), with no owner in it
-                os.unlink(self._name, dir_fd=self._dir_fd)
+            self._unlink_unwritten()
             raise
         self._nonce, self.lost = nonce, False
         stop = self._stop = threading.Event()
@@ -246,6 +290,22 @@ class LeaseLock:
         )
         self._renewer.start()
         return True
+
+    def _unlink_unwritten(self) -> None:
+        """Remove the lease file just made (``O_EXCL``: ours) whose record was not written.
+
+        Left there, empty, it names no holder, and waiters take it over only after
+        a whole lease (30 s): a transient error is retried. No one else removes or
+        replaces an empty file sooner, so the name is still ours."""
+        for _attempt in range(3):
+            try:
+                os.unlink(self._name, dir_fd=self._dir_fd)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT:
+                    return
 
     @staticmethod
     def _record(nonce: str, beat: int) -> bytes:
@@ -334,8 +394,10 @@ class LeaseLock:
             return  # the lease then expires
         try:
             if _owned(os.pread(fd, _RECORD_MAX, 0), nonce):
-                os.ftruncate(fd, 0)
+                # Marked before it is cut: a failed write leaves our record (it expires),
+                # never an empty file, and a failed cut leaves "free" first (dead_here).
                 os.pwrite(fd, _FREE, 0)
+                os.ftruncate(fd, len(_FREE))
         except OSError:
             return
         finally:
