@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -426,9 +426,9 @@ def test_sweep_removes_leases_no_one_renews(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lease"]
 
 
-def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) -> Callable[..., Any]:
+def _failing(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) -> None:
     """Make ``os.<name>`` fail with ``EIO`` on its next ``times`` calls (a network
-    filesystem's transient error), then behave again; returns the real one."""
+    filesystem's transient error), then behave again."""
     real = getattr(os, name)
     left = [times]
 
@@ -439,7 +439,6 @@ def _failing_once(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) ->
         return real(*args, **kwargs)
 
     monkeypatch.setattr(os, name, failing)
-    return real
 
 
 def test_a_lease_no_one_renews_is_taken_over_by_waits_shorter_than_its_term(
@@ -453,8 +452,8 @@ def test_a_lease_no_one_renews_is_taken_over_by_waits_shorter_than_its_term(
     (issue 40's random-EIO stress: two workers "hung", busy=148)."""
     path = str(tmp_path / "space.lease")
     failed = LeaseLock(path, lease=0.5)
-    _failing_once(monkeypatch, "write")
-    _failing_once(monkeypatch, "unlink", times=3)
+    _failing(monkeypatch, "write")
+    _failing(monkeypatch, "unlink", times=3)
     assert not failed.acquire(0)  # its retry finds the file it could not remove
     monkeypatch.undo()
     assert read_record(path) == b""  # left behind, naming no one
@@ -473,8 +472,8 @@ def test_an_unwritten_lease_file_is_removed_through_a_transient_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = str(tmp_path / "k.lease")
-    _failing_once(monkeypatch, "write")
-    _failing_once(monkeypatch, "unlink")  # the first removal fails, its retry does not
+    _failing(monkeypatch, "write")
+    _failing(monkeypatch, "unlink")  # the first removal fails, its retry does not
     holder = LeaseLock(path, lease=3600)
     # Its file removed, the create is retried (EIO is transient) and holds; left there,
     # the empty file would have made the lease wait out its whole term.
@@ -495,7 +494,7 @@ def test_a_lease_marked_free_but_not_cut_is_taken_at_once(
     holder = LeaseLock(path, lease=3600)
     assert holder.acquire(0)
     monkeypatch.setattr(os, "rename", lambda *_a, **_k: _raise(errno.EBUSY))
-    _failing_once(monkeypatch, "ftruncate")
+    _failing(monkeypatch, "ftruncate")
     holder.release()
     monkeypatch.undo()
     assert (read_record(path) or b"").startswith(b"free\n")
