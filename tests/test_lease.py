@@ -505,3 +505,58 @@ def test_a_lease_marked_free_but_not_cut_is_taken_at_once(
 
 def _raise(code: int) -> None:
     raise OSError(code, os.strerror(code))
+
+
+def test_a_held_lease_outlives_the_descriptor_of_its_folder(tmp_path: Path) -> None:
+    """A lease names its file relative to its folder's open descriptor (issue 40: one
+    lookup per request on a network filesystem). The store that opened it may close it
+    while the lease is held (another thread's flight, a cleaner), and the number is
+    then reused by the next open: the release must still act in the lease's own folder."""
+    home, other = tmp_path / "locks", tmp_path / "elsewhere"
+    home.mkdir()
+    other.mkdir()
+    folder = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    holder = LeaseLock(str(home / "k.lease"), lease=3600, dir_fd=folder)
+    assert holder.acquire(0)
+    os.close(folder)
+    elsewhere = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+    if elsewhere != folder:  # the lowest free number, usually the one just closed
+        os.dup2(elsewhere, folder)  # reused all the same: a descriptor of another folder
+        os.close(elsewhere)
+    try:
+        (other / "k.lease").write_bytes(b"othernode boot 1 abcd 0\n")  # another's lease
+        holder.release()
+        assert not (home / "k.lease").exists()  # ours removed, in its own folder
+        assert (other / "k.lease").read_bytes() == b"othernode boot 1 abcd 0\n"
+    finally:
+        os.close(folder)
+
+
+def test_a_store_closed_while_its_cleaner_runs_leaves_it_its_open_folders(
+    tmp_path: Path, on_lustre: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cleaner names its files relative to the tier's open folders. A close that
+    finds it still running after its wait (a slow filesystem) leaves them open: closed,
+    their numbers could be reused by any open, and the cleaner would act there."""
+    store = DiskStore(tmp_path / "c")
+    store.put("a" * 64, Entry({"x": b"1"}))
+    assert store.get("a" * 64) == Entry({"x": b"1"})  # its shard's folder opened
+    locks = store.layout.folder_fd(store.layout.locks)
+    running, finish = threading.Event(), threading.Event()
+
+    def slow(self: cleaner.Cleaner) -> None:
+        running.set()
+        finish.wait(60)
+
+    monkeypatch.setattr(cleaner.Cleaner, "run", slow)
+    monkeypatch.setattr(cleaner, "EXIT_WAIT", 0.05)
+    store.space.cleaner._start()  # noqa: SLF001 (what a put over the cap does)
+    assert running.wait(60)
+    store.close()
+    assert os.path.samestat(os.fstat(locks), os.stat(store.layout.locks))  # still open
+    assert store.layout.folders
+    finish.set()
+    cleaner.finish()
+    assert store.space.cleaner.wait()
+    store.close()  # the cleaner done: now the folders go
+    assert not store.layout.folders

@@ -48,6 +48,7 @@ import errno
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from kernelcache._fs import boot_id, exists_afresh, pid_alive, unique
@@ -191,7 +192,14 @@ class LeaseLock:
         # With the folder open (``dir_fd``), each request names the file alone: on a
         # network filesystem every folder of a path walked is a lookup, a round trip
         # each when names are not cached (issue 40: ~5 per request, ~20 per lease).
-        self._dir_fd = dir_fd
+        # A descriptor of its own (a local dup, no request): the renewing thread and
+        # the release use it whenever they run, and the caller's may be closed by
+        # then (a store closed meanwhile), its number reused by an unrelated file.
+        self._dir_fd = None if dir_fd is None else os.dup(dir_fd)
+        if self._dir_fd is not None:
+            # Not at exit: a daemon renewer may still run then, and the process's end
+            # closes it anyway.
+            weakref.finalize(self, os.close, self._dir_fd).atexit = False
         self._name = path if dir_fd is None else os.path.basename(path)
         self.lease = lease
         self._on_error = on_error

@@ -138,13 +138,15 @@ class Cleaner:
             _running.add(thread)
         thread.start()
 
-    def wait(self, timeout: float = EXIT_WAIT) -> None:
-        """Let this store's running cleaner finish (at most ``timeout`` seconds): its
-        leases name their files relative to the tier's open folders, which closing
-        the store closes."""
+    def wait(self) -> bool:
+        """Let this store's running cleaner finish (at most :data:`EXIT_WAIT` seconds);
+        whether none runs now. It names its files relative to the tier's open folders,
+        which closing the store closes: not while it still runs (``DiskStore.close``)."""
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(EXIT_WAIT)
+        return not thread.is_alive()
 
     def _loop(self) -> None:
         try:

@@ -418,6 +418,8 @@ class Space:
             count += len(found)
         return count, size
 
-    def close(self) -> None:
-        self.cleaner.wait()  # before the folders its leases are relative to are closed
+    def close(self) -> bool:
+        """Close the counter; whether no cleaner runs now (the open folders may go)."""
+        idle = self.cleaner.wait()  # before the folders its requests are relative to
         self.lock.close()
+        return idle

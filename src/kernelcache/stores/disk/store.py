@@ -504,8 +504,10 @@ class DiskStore(Store):
         return removed
 
     def close(self) -> None:
-        self.space.close()
-        self.layout.close()
+        if self.space.close():
+            self.layout.close()
+        # else a cleaner still runs (a slow filesystem) and names its files relative to
+        # the open folders: they are closed when the layout is collected, after it ends.
         super().close()
 
 
