@@ -560,3 +560,21 @@ def test_a_store_closed_while_its_cleaner_runs_leaves_it_its_open_folders(
     assert store.space.cleaner.wait()
     store.close()  # the cleaner done: now the folders go
     assert not store.layout.folders
+
+
+def test_an_empty_lease_made_again_is_not_taken_for_the_one_seen_before(tmp_path: Path) -> None:
+    """An empty lease file is a holder between its create and its write, or one whose
+    write failed. A wait that saw one, and a lease later sees an empty file again, may
+    see another holder's new one, on the very inode number (freed, reused): its own
+    create time tells them apart, never another node's clock."""
+    path = tmp_path / "k.lease"
+    path.write_bytes(b"")
+    waiter = LeaseLock(str(path), lease=0.3)
+    assert not waiter.acquire(0)  # seen empty
+    time.sleep(0.4)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # made again, same inode
+    assert not waiter.acquire(0)  # a new one: its lease starts now
+    time.sleep(0.4)
+    assert waiter.acquire(0)  # unchanged for a lease: taken over
+    waiter.release()

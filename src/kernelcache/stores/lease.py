@@ -71,7 +71,9 @@ _LAST_POLL = 0.1
 #: How long a release looks for its lease's name while it is away (another's take()).
 _AWAY = 0.5
 #: Lease files watched by this process's waits: path -> (what was seen, since when).
-_watched: dict[str, tuple[tuple[bytes, int], float]] = {}
+#: What a wait compares (:func:`_read_seen`).
+Seen = tuple[bytes, int, int]
+_watched: dict[str, tuple[Seen, float]] = {}
 _WATCHED_MAX = 1024
 _watched_lock = threading.Lock()
 _STRIPE_COUNT = 64
@@ -120,7 +122,7 @@ def read_record(path: str, dir_fd: int | None = None) -> bytes | None:
         os.close(fd)
 
 
-def _seen_since(path: str, seen: tuple[bytes, int] | None, now: float) -> float:
+def _seen_since(path: str, seen: Seen | None, now: float) -> float:
     """Since when (monotonic) this process has seen ``seen`` under the lease ``path``,
     across its waits (see the module docstring): ``now`` when it is new. ``None``: no
     file there (forgotten)."""
@@ -137,17 +139,22 @@ def _seen_since(path: str, seen: tuple[bytes, int] | None, now: float) -> float:
         return now
 
 
-def _read_seen(name: str, dir_fd: int | None) -> tuple[bytes | None, tuple[bytes, int] | None]:
+def _read_seen(name: str, dir_fd: int | None) -> tuple[bytes | None, Seen | None]:
     """The lock file's record, and what a waiter compares between looks: the record, with
-    the file's inode when it is empty (every empty record reads alike; one seen now and
-    one seen a lease later may be two holders', each between its create and its write)."""
+    the file's inode and modification time when it is empty. Every empty record reads
+    alike, and one seen now and one seen a lease later may be two holders', each between
+    its create and its write, even with one inode number (freed and reused); the server
+    stamps each create (compared only with itself: no clocks across nodes)."""
     try:
         fd = os.open(name, _READ, dir_fd=dir_fd)
     except FileNotFoundError:
         return None, None
     try:
         record = os.read(fd, _RECORD_MAX)
-        return record, (record, 0 if record else os.fstat(fd).st_ino)
+        if record:
+            return record, (record, 0, 0)
+        st = os.fstat(fd)
+        return record, (record, st.st_ino, st.st_mtime_ns)
     finally:
         os.close(fd)
 
