@@ -71,9 +71,9 @@ _FIRST_POLL = 0.002
 _LAST_POLL = 0.1
 #: How long a release looks for its lease's name while it is away (another's take()).
 _AWAY = 0.5
-#: Lease files watched by this process's waits: path -> (what was seen, since when).
-#: What a wait compares (:func:`_read_seen`).
+#: What a wait compares between its looks at a lease file (:func:`_read_seen`).
 Seen = tuple[bytes, int, int]
+#: Lease files watched by this process's waits: path -> (what was seen, since when).
 _watched: dict[str, tuple[Seen, float]] = {}
 _WATCHED_MAX = 1024
 _watched_lock = threading.Lock()
