@@ -167,6 +167,21 @@ def verdicts(stress: list[dict[str, Any]], cost: list[dict[str, Any]]) -> list[d
                 {"target": f"{KINDS[kind]} holds in", "measured": f"{held} of {len(theirs)} modes",
                  "verdict": f"{held} of {len(theirs)} modes"}
             )  # fmt: skip
+    for attr_ms in sorted({r["attr_ms"] for r in cost}):
+        put = {r["cache"]: r for r in cost if r["attr_ms"] == attr_ms}
+        if "kernelcache" in put and "triton" in put:
+            ours_put, theirs_put = put["kernelcache"], put["triton"]
+            ratio = ours_put["put_round_trips"] / max(theirs_put["put_round_trips"], 1)
+            out.append(
+                results.target(
+                    f"requests per put, attribute cache {attr_ms} ms, kernelcache / Triton",
+                    f"{ours_put['put_round_trips']} / {theirs_put['put_round_trips']}; "
+                    f"kernelcache: {ops_text(ours_put['put_ops'])}; "
+                    f"Triton: {ops_text(theirs_put['put_ops'])}",
+                    "info",
+                    ratio=f"{ratio:.2f}×",
+                )
+            )
     by = {r["cache"]: r for r in cost if r["attr_ms"] == 0}
     if "kernelcache" in by and "triton" in by:
         ours_rt, theirs_rt = by["kernelcache"]["hit_round_trips"], by["triton"]["hit_round_trips"]
@@ -178,6 +193,31 @@ def verdicts(stress: list[dict[str, Any]], cost: list[dict[str, Any]]) -> list[d
             )
         )
     return out
+
+
+def ops_text(ops: dict[str, float]) -> str:
+    """``{"lookup": 3.0, "create": 1.0}`` as ``lookup 3, create 1``."""
+    return ", ".join(f"{op} {n:g}" for op, n in ops.items())
+
+
+def put_ops_table(cost: list[dict[str, Any]]) -> list[str]:
+    """Requests per put by kind, one column per cache and attribute cache, side by side."""
+    columns = [r for r in cost if r["put_ops"]]
+    ops = [op for op in netfs.OPS if any(op in r["put_ops"] for r in columns)]
+    lines = [
+        "| request | "
+        + " | ".join(f"{KINDS[r['cache']]}, {r['attr_ms']} ms" for r in columns)
+        + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
+    for op in ops:
+        lines.append(
+            f"| {op} | " + " | ".join(f"{r['put_ops'].get(op, 0):g}" for r in columns) + " |"
+        )
+    lines.append(
+        "| **all** | " + " | ".join(f"**{sum(r['put_ops'].values()):.1f}**" for r in columns) + " |"
+    )
+    return lines
 
 
 def render(
@@ -210,12 +250,11 @@ def render(
         )
     lines += [
         "",
-        "Requests per put (a miss: lookup, compile, store; eviction included), by kind:",
+        "Requests per put (a miss: lookup, compile, store; eviction included), by kind,"
+        " per cache and attribute cache:",
         "",
+        *put_ops_table(cost),
     ]
-    for r in cost:
-        ops = ", ".join(f"{op} {n:g}" for op, n in r["put_ops"].items())
-        lines.append(f"- {KINDS[r['cache']]}, {r['attr_ms']} ms: {ops}")
     lines += ["", "| target | verdict |", "|---|---|"]
     lines += [f"| {c['target']} | {c['verdict']} |" for c in checks]
     return "\n".join(lines)

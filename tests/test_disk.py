@@ -343,14 +343,15 @@ def test_eviction_spares_an_entry_republished_after_it_decided(
     real_rename = os.rename
     republished: list[Any] = []
 
-    def rename(src: Any, dst: Any) -> None:
-        if os.fspath(src) == str(entry_file(store, victim)) and not republished:
+    def rename(src: Any, dst: Any, **at: int | None) -> None:
+        # The entry, named relative to its open shard folder (Layout.at).
+        if os.path.basename(src) == entry_file(store, victim).name and not republished:
             # What another process's put does: stage the new entry, publish it by rename.
             staged = Path(store.layout.staging, "other-process.tmp")
             staged.write_bytes(newer.pack(victim))
-            os.replace(staged, src)
+            os.replace(staged, entry_file(store, victim))
             republished.append(src)
-        real_rename(src, dst)
+        real_rename(src, dst, **at)
 
     monkeypatch.setattr(os, "rename", rename)
     store.put(trigger, entry_of(trigger))  # 4 > 3: evict the least recently used one

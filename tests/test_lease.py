@@ -155,12 +155,12 @@ def test_no_thread_creates_the_lease_while_another_thread_has_it_away(
     creators: list[threading.Thread] = []
     real = lease._read_fresh  # noqa: SLF001 (called while the take has the lease away)
 
-    def judging(name: str) -> bytes | None:
+    def judging(name: str, dir_fd: int | None) -> bytes | None:
         creator = threading.Thread(target=lambda: got.append(fourth.acquire(0)))
         creators.append(creator)
         creator.start()
         creator.join(0.3)  # its create runs now, or waits for the take to end
-        return real(name)
+        return real(name, dir_fd)
 
     monkeypatch.setattr(lease, "_read_fresh", judging)
     assert not take(path, lambda record: record == seen)
@@ -337,7 +337,7 @@ def test_a_lease_whose_release_failed_does_not_stall_waiters(
     assert holder.acquire(0)
     real_rename = os.rename
 
-    def busy(src: str, dst: str) -> None:
+    def busy(src: str, dst: str, **_at: int | None) -> None:
         raise OSError(errno.EBUSY, "busy")
 
     monkeypatch.setattr(os, "rename", busy)
@@ -424,3 +424,157 @@ def test_sweep_removes_leases_no_one_renews(tmp_path: Path) -> None:
         os.utime(path, (time.time() - 7200, time.time() - 7200))
     assert sweep_locks(str(tmp_path)) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.lease"]
+
+
+def _failing(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) -> None:
+    """Make ``os.<name>`` fail with ``EIO`` on its next ``times`` calls (a network
+    filesystem's transient error), then behave again."""
+    real = getattr(os, name)
+    left = [times]
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if left[0] > 0:
+            left[0] -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, failing)
+
+
+def test_a_lease_no_one_renews_is_taken_over_by_waits_shorter_than_its_term(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder's write of its record failed (EIO), and so did each removal of the file
+    it had just made: an empty lease file, with no holder to renew or release it. Waiters
+    take it over once it stayed unchanged for a lease, counted across their waits: the
+    space lease waits 3 s at a time (LEASE_WAIT), a tenth of its term, and a clock
+    restarted by each wait never got there: every put of every process was busy for good
+    (issue 40's random-EIO stress: two workers "hung", busy=148)."""
+    path = str(tmp_path / "space.lease")
+    failed = LeaseLock(path, lease=0.5)
+    _failing(monkeypatch, "write")
+    _failing(monkeypatch, "unlink", times=3)
+    assert not failed.acquire(0)  # its retry finds the file it could not remove
+    monkeypatch.undo()
+    assert read_record(path) == b""  # left behind, naming no one
+    waiter = LeaseLock(path, lease=0.5)
+    waits = 0
+    while not waiter.acquire(0.1):  # each wait a fifth of the term
+        waits += 1
+        assert waits < 200, "the empty lease was never taken over"
+    assert waits >= 2  # not at once: an empty file may be a holder between create and write
+    assert dead_here(read_record(path) or b"") is False  # the waiter's own record now
+    waiter.release()
+    assert read_record(path) is None
+
+
+def test_an_unwritten_lease_file_is_removed_through_a_transient_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "k.lease")
+    _failing(monkeypatch, "write")
+    _failing(monkeypatch, "unlink")  # the first removal fails, its retry does not
+    holder = LeaseLock(path, lease=3600)
+    # Its file removed, the create is retried (EIO is transient) and holds; left there,
+    # the empty file would have made the lease wait out its whole term.
+    assert holder.acquire(0)
+    monkeypatch.undo()
+    assert not dead_here(read_record(path) or b"")
+    holder.release()
+    assert read_record(path) is None
+
+
+def test_a_lease_marked_free_but_not_cut_is_taken_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release that cannot remove its lease (EBUSY) marks it free in place; the cut of the
+    record's rest failing too (EIO) leaves "free" first, which waiters still read as free.
+    Cut first, the same error left the whole record of a holder gone: a lease's wait."""
+    path = str(tmp_path / "k.lease")
+    holder = LeaseLock(path, lease=3600)
+    assert holder.acquire(0)
+    monkeypatch.setattr(os, "rename", lambda *_a, **_k: _raise(errno.EBUSY))
+    _failing(monkeypatch, "ftruncate")
+    holder.release()
+    monkeypatch.undo()
+    assert (read_record(path) or b"").startswith(b"free\n")
+    waiter = LeaseLock(path, lease=3600)
+    assert waiter.acquire(0)
+    waiter.release()
+
+
+def _raise(code: int) -> None:
+    raise OSError(code, os.strerror(code))
+
+
+def test_a_held_lease_outlives_the_descriptor_of_its_folder(tmp_path: Path) -> None:
+    """A lease names its file relative to its folder's open descriptor (issue 40: one
+    lookup per request on a network filesystem). The store that opened it may close it
+    while the lease is held (another thread's flight, a cleaner), and the number is
+    then reused by the next open: the release must still act in the lease's own folder."""
+    home, other = tmp_path / "locks", tmp_path / "elsewhere"
+    home.mkdir()
+    other.mkdir()
+    folder = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+    holder = LeaseLock(str(home / "k.lease"), lease=3600, dir_fd=folder)
+    assert holder.acquire(0)
+    os.close(folder)
+    elsewhere = os.open(other, os.O_RDONLY | os.O_DIRECTORY)
+    if elsewhere != folder:  # the lowest free number, usually the one just closed
+        os.dup2(elsewhere, folder)  # reused all the same: a descriptor of another folder
+        os.close(elsewhere)
+    try:
+        (other / "k.lease").write_bytes(b"othernode boot 1 abcd 0\n")  # another's lease
+        holder.release()
+        assert not (home / "k.lease").exists()  # ours removed, in its own folder
+        assert (other / "k.lease").read_bytes() == b"othernode boot 1 abcd 0\n"
+    finally:
+        os.close(folder)
+
+
+def test_a_store_closed_while_its_cleaner_runs_leaves_it_its_open_folders(
+    tmp_path: Path, on_lustre: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cleaner names its files relative to the tier's open folders. A close that
+    finds it still running after its wait (a slow filesystem) leaves them open: closed,
+    their numbers could be reused by any open, and the cleaner would act there."""
+    store = DiskStore(tmp_path / "c")
+    store.put("a" * 64, Entry({"x": b"1"}))
+    assert store.get("a" * 64) == Entry({"x": b"1"})  # its shard's folder opened
+    locks = store.layout.folder_fd(store.layout.locks)
+    running, finish = threading.Event(), threading.Event()
+
+    def slow(self: cleaner.Cleaner) -> None:
+        running.set()
+        finish.wait(60)
+
+    monkeypatch.setattr(cleaner.Cleaner, "run", slow)
+    monkeypatch.setattr(cleaner, "EXIT_WAIT", 0.05)
+    store.space.cleaner._start()  # noqa: SLF001 (what a put over the cap does)
+    assert running.wait(60)
+    store.close()
+    assert os.path.samestat(os.fstat(locks), os.stat(store.layout.locks))  # still open
+    assert store.layout.folders
+    finish.set()
+    cleaner.finish()
+    assert store.space.cleaner.wait()
+    store.close()  # the cleaner done: now the folders go
+    assert not store.layout.folders
+
+
+def test_an_empty_lease_made_again_is_not_taken_for_the_one_seen_before(tmp_path: Path) -> None:
+    """An empty lease file is a holder between its create and its write, or one whose
+    write failed. A wait that saw one, and a lease later sees an empty file again, may
+    see another holder's new one, on the very inode number (freed, reused): its own
+    create time tells them apart, never another node's clock."""
+    path = tmp_path / "k.lease"
+    path.write_bytes(b"")
+    waiter = LeaseLock(str(path), lease=0.3)
+    assert not waiter.acquire(0)  # seen empty
+    time.sleep(0.4)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # made again, same inode
+    assert not waiter.acquire(0)  # a new one: its lease starts now
+    time.sleep(0.4)
+    assert waiter.acquire(0)  # unchanged for a lease: taken over
+    waiter.release()

@@ -45,7 +45,7 @@ _O_PATH = getattr(os, "O_PATH", None)  # Linux
 _DELETED = " (deleted)"
 
 
-def exists_afresh(path: str) -> bool:
+def exists_afresh(path: str, dir_fd: int | None = None) -> bool:
     """Whether the server holds ``path``, with the name looked up afresh on this node.
 
     A client may answer from names it cached (NFS ``lookupcache``, FUSE), and a rename
@@ -53,13 +53,14 @@ def exists_afresh(path: str) -> bool:
     node's newer one, yet the new name shows the one cached. An exclusive create is
     never answered from that cache: once it fails with ``EEXIST``, the name is current
     here (one round trip). When nothing was there, the file it made is removed again.
+    ``dir_fd``: ``path`` is a name in that open directory.
     """
     try:
-        fd = os.open(path, _CREATE, 0o600)
+        fd = os.open(path, _CREATE, 0o600, dir_fd=dir_fd)
     except FileExistsError:
         return True
     os.close(fd)  # nothing was there: ours, made just now
-    os.unlink(path)
+    os.unlink(path, dir_fd=dir_fd)
     return False
 
 

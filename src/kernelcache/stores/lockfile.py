@@ -103,8 +103,11 @@ class FileFlightLock:
         *,
         leases: bool = False,
         after_lease: Callable[[], None] | None = None,
+        dir_fd: int | None = None,
     ) -> None:
         self.path = path
+        # The lock's folder, open: a lease's requests name its file relative to it.
+        self._dir_fd = dir_fd
         # Called once a lease is taken, before the caller looks for the entry (see DiskStore).
         self._after_lease = after_lease
         self._leases = leases  # a network filesystem: flock may not span its clients
@@ -150,7 +153,9 @@ class FileFlightLock:
             raise StoreError(f"lock {self.path}: {exc}") from exc
 
     def _acquire_lease(self, timeout: float) -> bool:
-        lease = LeaseLock(self.path[: -len(".lock")] + LEASE_SUFFIX, on_error=self._on_error)
+        lease = LeaseLock(
+            self.path[: -len(".lock")] + LEASE_SUFFIX, on_error=self._on_error, dir_fd=self._dir_fd
+        )
         if not lease.acquire(timeout):
             return False
         self._lease = lease

@@ -138,6 +138,16 @@ class Cleaner:
             _running.add(thread)
         thread.start()
 
+    def wait(self) -> bool:
+        """Let this store's running cleaner finish (at most :data:`EXIT_WAIT` seconds);
+        whether none runs now. It names its files relative to the tier's open folders,
+        which closing the store closes: not while it still runs (``DiskStore.close``)."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(EXIT_WAIT)
+        return not thread.is_alive()
+
     def _loop(self) -> None:
         try:
             while True:
@@ -152,12 +162,15 @@ class Cleaner:
     def run(self) -> None:
         """Evict down to ``LOW_WATER`` unless the tier is below its caps by now."""
         space = self.space
-        lock = FileFlightLock(f"{space.layout.locks}/cleaner.lock", leases=True)
+        layout = space.layout
         try:
+            lock = FileFlightLock(
+                f"{layout.locks}/cleaner.lock", leases=True, dir_fd=layout.folder_fd(layout.locks)
+            )
             if not lock.acquire(0.0):
                 self._local.requested = True  # another cleans now: ask again next change
                 return
-        except StoreError:
+        except (StoreError, OSError):
             space.count_event("errors", 1)
             return
         self._local.active = True
@@ -214,9 +227,11 @@ class Cleaner:
         for candidate in candidates:
             if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
                 continue  # a damaged queue record: it must never name a path outside the shard
-            path = self.space.layout.entry_path(candidate.key, candidate.shard)
+            folder, name = self.space.layout.at(
+                self.space.layout.entry_path(candidate.key, candidate.shard)
+            )
             try:
-                st = os.lstat(path)
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             if st.st_ino != candidate.ino or st.st_mtime_ns != candidate.mtime_ns:

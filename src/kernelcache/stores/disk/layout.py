@@ -123,23 +123,35 @@ def tree_size(folder: str) -> int:
     return total
 
 
-def remove_tree(path: str) -> bool:
+def remove_tree(path: str, at: Callable[[str], tuple[int | None, str]] | None = None) -> bool:
     """Delete ``path`` (a file, a link or a folder; links are removed, never followed).
 
     ``False`` if something is left: an error (``EBUSY`` from a folder holding a
     file still open on another NFS client, ``EIO``) is never raised, as
     everything removed here is already out of the cache's view; what is
     left in staging is swept later.
+
+    A file goes in one request (no ``lstat`` first: on a network filesystem each
+    is a round trip, and most of what is removed here is a file; issue 40), named
+    relative to its open folder when ``at`` is given (:meth:`Layout.at`).
     """
+    folder, name = (None, path) if at is None else at(path)
     try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)
-            return not os.path.lexists(path)
-        os.unlink(path)
+        os.unlink(name, dir_fd=folder)
     except FileNotFoundError:
         pass
-    except OSError:
-        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EISDIR, errno.EPERM):  # Linux says EISDIR, POSIX EPERM
+            return False
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return False  # EPERM on a file: not ours to remove
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
     return True
 
 
@@ -173,6 +185,20 @@ class Layout:
         self._checked: set[str] = set()
         self._pid = os.getpid()
         self._folders = _Folders()
+        self._open_dirs = _Folders()  # folder_fd's, by path
+        # The folders that stay for the tree's life (at() opens them; never a key's).
+        self._lasting = {
+            self.base,
+            self.entries,
+            self.extracted,
+            self.staging,
+            self.locks,
+            self.lru,
+        } | {
+            f"{top}/{shard}"
+            for top in (self.entries, self.extracted, self.locks)
+            for shard in shards()
+        }
 
     # Paths ---------------------------------------------------------------
     def entry_path(self, key: str, shard: str | None = None) -> str:
@@ -259,9 +285,49 @@ class Layout:
             os.close(fd)
         return kept
 
+    def folder_fd(self, path: str) -> int:
+        """An open descriptor of the directory ``path`` (checked before by :meth:`directory`
+        or :meth:`shard_dir`), kept until :meth:`close`.
+
+        The put path's lease files and counter are reached relative to it: on a network
+        filesystem each folder of a path walked is a lookup, a round trip when names are
+        not cached, about four per request without it (issue 40).
+        """
+        fd = self._open_dirs.get(path)
+        if fd is not None:
+            return fd
+        try:
+            fd = os.open(path, _OPEN_DIR)
+        except OSError as exc:
+            if not is_dir_error(exc):
+                raise
+            self.refused()  # replaced by a link or a file since it was checked
+            raise UnsafeDirectory(f"{path} is not a directory (a link or a file)") from None
+        problem = _fs.ownership_problem(os.fstat(fd))
+        if problem is not None:
+            os.close(fd)
+            self.refused()
+            raise UnsafeDirectory(f"refusing {path}: {problem}")
+        kept = self._open_dirs.setdefault(path, fd)
+        if kept != fd:  # another thread opened it first
+            os.close(fd)
+        return kept
+
+    def at(self, path: str) -> tuple[int | None, str]:
+        """``path`` as its open folder and its name, for the ``dir_fd`` arguments of ``os``
+        (:meth:`folder_fd`), when that folder is one the tree keeps (``v1``, staging, a
+        shard; checked before), else ``(None, path)``: a key's folder may be renamed
+        away, and requests relative to it would follow it."""
+        folder, _, name = path.rpartition("/")
+        if folder not in self._lasting:
+            return None, path
+        return self.folder_fd(folder), name
+
     def close(self) -> None:
-        """Close the directories :meth:`entries_fd` opened (they are opened again if needed)."""
+        """Close the directories :meth:`entries_fd` and :meth:`folder_fd` opened (they are
+        opened again if needed)."""
         self._folders.close()
+        self._open_dirs.close()
 
     # Checks --------------------------------------------------------------
     def check_root(self, create: bool) -> bool:
@@ -411,8 +477,11 @@ def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
     """``(name, lstat)`` of the items of directory ``path``, never through a link (a link
     there is refused and lists as empty: scanning it would count, and evict, what lies
     elsewhere). Items removed meanwhile are left out."""
+    folder, name = layout.at(path)  # one lookup on a network filesystem, not one per folder
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder
+        )
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:

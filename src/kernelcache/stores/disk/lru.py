@@ -32,6 +32,9 @@ from kernelcache import _fs
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Sequence
 
+    #: A path as its open folder and its name (``Layout.at``).
+    At = Callable[[str], tuple[int | None, str]]
+
     #: A shard's entries as a scan saw them: (mtime_ns, inode, key).
     Record = tuple[int, int, str]
 
@@ -61,9 +64,10 @@ class Candidate:
 class _Queue:
     """One shard's queue file, read forward in chunks."""
 
-    def __init__(self, path: str, shard: str) -> None:
+    def __init__(self, path: str, shard: str, at: At | None = None) -> None:
         self.path = path
         self.shard = shard
+        self._at = at
         self.horizon = _UNSCANNED
         self.consumed = 0  # file offset after the last record handed out
         self._saved = 0
@@ -75,8 +79,11 @@ class _Queue:
         self.rescanned = False
 
     def load(self) -> None:
+        # Relative to the open lru folder: each cleaning loads every shard's queue, and on
+        # a network filesystem each folder of a path walked is a lookup (issue 40).
+        folder, name = (None, self.path) if self._at is None else self._at(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=folder)
         except OSError:  # missing, or a link (never followed): replaced by the next scan
             return
         size = os.fstat(fd).st_size
@@ -139,10 +146,13 @@ class _Queue:
 class Queues:
     """The queue files of every shard under ``folder`` (``v1/lru``)."""
 
-    def __init__(self, folder: str, shards: Sequence[str], staging: str) -> None:
+    def __init__(
+        self, folder: str, shards: Sequence[str], staging: str, at: At | None = None
+    ) -> None:
         self._folder = folder
         self._shards = shards
         self._staging = staging
+        self._at = at
 
     def oldest(self, rescan: Callable[[str], list[Record]]) -> Generator[Candidate, None, None]:
         """Candidates for eviction, least recently used first, over the whole tier.
@@ -153,7 +163,7 @@ class Queues:
         and stops pulling when it has freed enough; what it pulled is
         consumed. Each shard is scanned at most once per call.
         """
-        queues = {s: _Queue(f"{self._folder}/{s}", s) for s in self._shards}
+        queues = {s: _Queue(f"{self._folder}/{s}", s, self._at) for s in self._shards}
         heap: list[tuple[int, int, str, Candidate | None]] = []
 
         def push(queue: _Queue) -> None:

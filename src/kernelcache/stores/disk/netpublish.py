@@ -26,6 +26,15 @@ from kernelcache._fs import exists_afresh
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    #: A path as its open folder and its name (``Layout.at``), for ``os``'s ``dir_fd``
+    #: arguments: on a network filesystem every folder of a path walked is a lookup.
+    At = Callable[[str], tuple[int | None, str]]
+
+
+def here(path: str) -> tuple[int | None, str]:
+    """``path`` itself, walked whole (no open folder): the default ``At``."""
+    return None, path
+
 
 class Tally(Protocol):
     """The space counter while its lock is held (:class:`.space.Tally`)."""
@@ -33,13 +42,16 @@ class Tally(Protocol):
     def add(self, delta_bytes: int, delta_entries: int) -> None: ...
 
 
-def link_in(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[str], None]) -> None:
+def link_in(
+    tally: Tally, tmp: str, path: str, size: int, discard: Callable[[str], None], at: At = here
+) -> None:
     """Publish on a network filesystem, where ``lstat`` may answer from a cache that
     lags another node (no entry, or the inode it replaced): ``link()`` asks the
     server whether the name is taken, so the counter stays exact."""
     tally.add(size, 1)
+    (src_fd, src), (dst_fd, dst) = at(tmp), at(path)
     try:
-        os.link(tmp, path)
+        os.link(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
     except FileExistsError:
         tally.add(-size, -1)
         _replace(tally, tmp, path, size, discard)
@@ -71,19 +83,21 @@ def _replace(tally: Tally, tmp: str, path: str, size: int, discard: Callable[[st
     replace_counted(tally, tmp, path, size, old, new)
 
 
-def lstat_fresh(path: str) -> os.stat_result:
+def lstat_fresh(path: str, at: At = here) -> os.stat_result:
     """``lstat`` of ``path`` as the server has it, where this node may cache the name stale
     (a rename carries the cached name along: a file renamed away by its name may be
     another node's newer file, yet ``lstat`` of the new name shows the one cached)."""
-    if not exists_afresh(path):
+    folder, name = at(path)
+    if not exists_afresh(name, folder):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-    return os.lstat(path)
+    return os.stat(name, dir_fd=folder, follow_symlinks=False)
 
 
-def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> None:
+def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None], at: At = here) -> None:
     """Open the entry ``path`` with ``O_CREAT``: the server answers, so a name this node saw
     absent is looked up afresh. The empty file made when there is no entry is renamed to
-    ``trash()`` and handed to ``doom`` (deleted after the lock).
+    ``trash()`` and handed to ``doom`` (deleted). No lock is needed: an empty file is
+    no entry to a removal or a publish (:func:`replaced`, ``Space.remove_locked``).
 
     Exclusive first: a name this node still caches as another leader's probe file
     (removed since, an entry published there after) would be opened as that empty
@@ -91,12 +105,13 @@ def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> N
     name for an exclusive create (FUSE looks it up again, NFS asks the server).
     """
     flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    folder, name = at(path)
     try:
-        fd = os.open(path, flags | os.O_EXCL, 0o600)
+        fd = os.open(name, flags | os.O_EXCL, 0o600, dir_fd=folder)
     except FileExistsError:
         # Taken on the server, and looked up afresh here: open what it is now
         # (an NFS client that kept its "no such file" learns the file from this open).
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(name, flags, 0o600, dir_fd=folder)
     try:
         st = os.fstat(fd)
     finally:
@@ -104,14 +119,21 @@ def probe(path: str, trash: Callable[[], str], doom: Callable[[str], None]) -> N
     if st.st_size:
         return  # the entry: this node sees it now
     staged = trash()
+    staged_fd, staged_name = at(staged)
     try:
-        os.rename(path, staged)
+        os.rename(name, staged_name, src_dir_fd=folder, dst_dir_fd=staged_fd)
     except FileNotFoundError:
         return
-    doom(staged)
-    if os.lstat(staged).st_ino != st.st_ino:  # not ours after all: put back
+    try:
+        # Afresh: no lock keeps publishers out, and the rename took whatever the server
+        # holds under the name now, maybe an entry published over our file since.
+        taken = lstat_fresh(staged, at).st_ino
+    except FileNotFoundError:
+        return
+    if taken != st.st_ino:  # not ours after all: put back
         with contextlib.suppress(FileExistsError):
-            os.link(staged, path)
+            os.link(staged_name, name, src_dir_fd=staged_fd, dst_dir_fd=folder)
+    doom(staged)
 
 
 def replaced(st: os.stat_result) -> tuple[int, int]:

@@ -127,7 +127,7 @@ class Space:
         network: bool = False,
     ) -> None:
         self.layout = layout
-        self.queues = Queues(layout.lru, shards(), layout.staging)
+        self.queues = Queues(layout.lru, shards(), layout.staging, layout.at)
         self._count = count
         self._caps = caps
         self.lock = TierLock(layout, network=network)
@@ -160,12 +160,14 @@ class Space:
                     doomed, self._doomed = self._doomed, []
         finally:
             pending, self._leftover = self._leftover + doomed, []
-            self._leftover = [path for path in pending if not remove_tree(path)][:_LEFTOVER_MAX]
+            self._leftover = [p for p in pending if not remove_tree(p, self.layout.at)][
+                :_LEFTOVER_MAX
+            ]
         self.cleaner.after_lock()  # network filesystems: eviction outside the lock
 
     def discard(self, path: str) -> None:
         """Delete ``path`` in staging now, or after a later change if it cannot go now."""
-        if not remove_tree(path) and len(self._leftover) < _LEFTOVER_MAX:
+        if not remove_tree(path, self.layout.at) and len(self._leftover) < _LEFTOVER_MAX:
             self._leftover.append(path)
 
     # Changes -------------------------------------------------------------
@@ -174,7 +176,7 @@ class Space:
         path = self.layout.entry_path(key, shard)
         with self.locked() as tally:
             if self.lock.network:
-                link_in(tally, tmp, path, size, self.discard)
+                link_in(tally, tmp, path, size, self.discard, self.layout.at)
                 self.clean(tally)
                 return
             try:
@@ -198,20 +200,27 @@ class Space:
         self.layout.shard_dir(self.layout.extracted, shard, create=True)
         path = self.layout.entry_path(key, shard)
         trash = self.layout.trash()
+        # Relative to the open folders: one lookup per name on a network filesystem.
+        (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
         try:
-            os.rename(path, trash)
+            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         except FileNotFoundError:
             return False
         self._doomed.append(trash)
         # On a network filesystem the rename took the server's file, which this node's
         # name cache may not know yet (another node replaced the entry): ask the server.
-        st = lstat_fresh(trash) if self.lock.network else os.lstat(trash)
+        if self.lock.network:
+            st = lstat_fresh(trash, self.layout.at)
+        else:
+            st = os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             self.layout.refused()  # a link or a folder where an entry belongs: junk, removed
             return False
+        if not st.st_size and self.lock.network:
+            return False  # a lookup probe's file (netpublish.probe): no entry, never counted
         if expect_ino is not None and st.st_ino != expect_ino:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
-                os.link(trash, path)
+                os.link(dst, src, src_dir_fd=dst_fd, dst_dir_fd=src_fd)
             return False
         freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
@@ -219,16 +228,18 @@ class Space:
 
     def probe(self, key: str) -> None:
         """Make this node see ``key``'s entry as the server has it (``DiskStore._revalidate``,
-        :func:`.netpublish.probe`). Under the lock: no recount or publish ever sees the
-        empty file it may make (never counted)."""
-        with self.locked():
-            probe(self.layout.entry_path(key), self.layout.trash, self._doomed.append)
+        :func:`.netpublish.probe`). Without the space lock (issue 40: a lease costs ~10
+        round trips): the empty file it may make is no entry to a removal or a publish
+        (never counted; a recount meanwhile counts it as an entry of 0 bytes: high, never
+        low), and it checks afresh which file it removes."""
+        probe(self.layout.entry_path(key), self.layout.trash, self.discard, self.layout.at)
 
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
+        (src_fd, src), (dst_fd, dst) = self.layout.at(folder), self.layout.at(trash)
         try:
-            os.rename(folder, trash)
+            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         except FileNotFoundError:
             return 0
         self._doomed.append(trash)
@@ -407,5 +418,8 @@ class Space:
             count += len(found)
         return count, size
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close the counter; whether no cleaner runs now (the open folders may go)."""
+        idle = self.cleaner.wait()  # before the folders its requests are relative to
         self.lock.close()
+        return idle

@@ -220,17 +220,20 @@ class DiskStore(Store):
             return None  # this process cannot publish here, so it cannot end anyone's wait
         validate_key(key)
         shard = shard_of(key)
+        network = self.filesystem.network
         try:
             folder = self.layout.shard_dir(self.layout.locks, shard, create=True)
+            # A lease's requests name its file in the open folder (Layout.folder_fd).
+            dir_fd = self.layout.folder_fd(folder) if network else None
         except OSError:
             self._count("errors")
             return None
-        network = self.filesystem.network
         return FileFlightLock(
             f"{folder}/{key}.lock",
             on_error=lambda: self._count("errors"),
             leases=network,
             after_lease=functools.partial(self._revalidate, key) if network else None,
+            dir_fd=dir_fd,
         )
 
     def _revalidate(self, key: str) -> None:
@@ -245,7 +248,7 @@ class DiskStore(Store):
         """
         try:
             self.space.probe(key)
-        except OSError:
+        except (OSError, StoreError):  # StoreError: a shard folder refused (UnsafeDirectory)
             self._count("errors")  # the lookup then misses, as it would have
 
     def stats(self) -> dict[str, Any]:
@@ -391,7 +394,8 @@ class DiskStore(Store):
             self._check_shard(shard, create=True)
         tmp = self.layout.staged(key[:64]) + ".tmp"
         try:
-            write_new(tmp, parts, durable=self.durable)
+            folder, name = self.layout.at(tmp)  # one lookup, not one per folder (issue 40)
+            write_new(name, parts, durable=self.durable, dir_fd=folder)
             self.space.publish(tmp, key, shard, size)
         except OSError as exc:
             self._count("busy" if isinstance(exc, TimeoutError) else "errors")
@@ -500,8 +504,10 @@ class DiskStore(Store):
         return removed
 
     def close(self) -> None:
-        self.space.close()
-        self.layout.close()
+        if self.space.close():
+            self.layout.close()
+        # else a cleaner still runs (a slow filesystem) and names its files relative to
+        # the open folders: they are closed when the layout is collected, after it ends.
         super().close()
 
 

@@ -95,7 +95,8 @@ class TierLock:
     def _take_lease(self) -> int:
         """Take the lease file, then open the counter afresh (see the module docstring)."""
         if self._lease is None:
-            self._lease = LeaseLock(self.layout.space + ".lease")
+            base = self.layout.folder_fd(self.layout.base)
+            self._lease = LeaseLock(self.layout.space + ".lease", dir_fd=base)
         try:
             if not self._lease.acquire(LEASE_WAIT):
                 raise TimeoutError(
@@ -147,15 +148,17 @@ class TierLock:
                 os.close(fd)
 
     def _open(self) -> int:
+        # Relative to the open v1 folder: one lookup on a network filesystem (folder_fd).
+        name, base = os.path.basename(self.layout.space), self.layout.folder_fd(self.layout.base)
         try:
-            return os.open(self.layout.space, _OPEN, 0o600)
+            return os.open(name, _OPEN, 0o600, dir_fd=base)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
         # A symlink: following it would write outside the cache. Refused, removed, recreated.
         self.layout.refused()
-        os.unlink(self.layout.space)
-        return os.open(self.layout.space, _OPEN | os.O_EXCL, 0o600)
+        os.unlink(name, dir_fd=base)
+        return os.open(name, _OPEN | os.O_EXCL, 0o600, dir_fd=base)
 
     def close(self) -> None:
         if self._pid == os.getpid():
