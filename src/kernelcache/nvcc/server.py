@@ -73,7 +73,7 @@ _REQUEST_TIMEOUT = 5.0
 #: A request is a command line and an environment: far below this.
 _REQUEST_MAX = 64 << 20
 
-__all__ = ["STOP", "Server", "Stop", "main"]
+__all__ = ["Server", "main"]
 
 
 class Server:
@@ -108,7 +108,7 @@ class Server:
         """Serve until a reason to exit, which it returns (for the log)."""
         last = time.monotonic()
         dirty = False
-        while not STOP.requested:
+        while not _STOP.requested:
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
@@ -289,16 +289,17 @@ class Server:
         self.sock.close()
 
 
-class Stop:
+class _Stop:
     """SIGTERM's request to exit (:meth:`on_sigterm`), which :meth:`Server.run` also reads.
 
     The SystemExit the handler raises ends whatever the server is doing, but
-    alone it is not enough: Python runs a handler between two bytecodes of the
-    main thread, a finalizer's too (``__del__``, ``weakref.finalize``, a
-    generator closed as it is collected), and an exception raised there is
-    printed and dropped. A server that got SIGTERM there served on until idle;
-    a test's stop gave up after 60 s (issue 40). The flag makes it exit at
-    its next tick anyway.
+    alone it is not enough: Python runs a handler between any two bytecodes of
+    the main thread, and the exception can be lost there: printed and dropped
+    in a finalizer (``__del__``, ``weakref.finalize``), or replaced by an error
+    the code around it handles (the trust walk once closed a descriptor twice
+    on its way out: EBADF, taken for a miss). A server that lost it served on
+    until idle, and a test's stop gave up after 60 s (issue 40). The flag
+    makes it exit at its next tick anyway.
     """
 
     def __init__(self) -> None:
@@ -310,7 +311,7 @@ class Stop:
 
 
 #: This process's (the handler is installed by :func:`main`).
-STOP = Stop()
+_STOP = _Stop()
 
 
 def _newer(protocol: bytes) -> bool:
@@ -343,7 +344,7 @@ def main(argv: list[str]) -> int:
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
-    signal.signal(signal.SIGTERM, STOP.on_sigterm)
+    signal.signal(signal.SIGTERM, _STOP.on_sigterm)
     try:
         # Stricter than the disk tier: this user's own, not even root's, since
         # a program runs from here. Nothing is written before this check.
@@ -376,7 +377,7 @@ def main(argv: list[str]) -> int:
         build = start_build(server.directory, os.environ)
         why = server.run()
     finally:
-        if STOP.requested:
+        if _STOP.requested:
             why = "SIGTERM"
         print(f"kernelcache server: exiting: {why}", file=sys.stderr, flush=True)
         server.close()
