@@ -28,6 +28,7 @@ from launcher_env import (
     CUBIN,
     FakeServer,
     Project,
+    clean_env,
     listening,
     server_pid,
     start_server,
@@ -125,6 +126,45 @@ def test_a_hung_server_costs_its_timeout_not_the_build(setup: Project) -> None:
         os.kill(pid, signal.SIGCONT)
     # The SIGTERM it was sent ends it once it runs again.
     wait_for(lambda: server_pid(setup.cache) is None, 60, "the stopped server to exit")
+
+
+#: A real server (``server.main``) that gets SIGTERM inside a finalizer, as one can
+#: while it answers: Python runs the handler there, and drops its SystemExit.
+DROPPED_SIGTERM = """
+import os, signal, sys
+from kernelcache.nvcc import server
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs in here
+        for _ in range(2):
+            pass
+
+serve = server.Server.run
+
+def run(self):
+    Finalized()
+    return serve(self)
+
+server.Server.run = run
+sys.exit(server.main(sys.argv[1:]))
+"""
+
+
+def test_a_sigterm_whose_exit_a_finalizer_dropped_still_stops_the_server(tmp_path: Path) -> None:
+    """Issue 40: a server resumed after SIGSTOP and stopped at once served on until idle."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    env = {**clean_env(cache), "KERNELCACHE_SERVER_IDLE": "30"}
+    proc = subprocess.run(
+        [sys.executable, "-c", DROPPED_SIGTERM, str(cache)], env=env, timeout=300, check=False
+    )
+    assert proc.returncode == 0
+    log = (cache / "launcher.log").read_text()
+    assert "Exception ignored in" in log, log  # the handler's SystemExit, dropped there
+    assert "SystemExit" in log, log
+    assert "kernelcache server: exiting: SIGTERM" in log, log  # not "idle", 30 s later
+    assert not listening(cache)
 
 
 @pytest.mark.parametrize(

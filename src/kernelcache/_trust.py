@@ -111,12 +111,18 @@ def open_dir(path: str, *, allow_root: bool = True, create: bool = False) -> int
                 target = os.readlink(name, dir_fd=fd)
                 pending[:0] = target.split("/")
                 if target.startswith("/"):
-                    os.close(fd)
-                    fd, where = -1, "/"
+                    fd, parent, where = -1, fd, "/"
+                    os.close(parent)
                     fd = os.open("/", _DIR)
                 continue
-            os.close(fd)
-            fd, where = child, os.path.normpath(os.path.join(where, name))
+            # fd never names a closed descriptor, which the finally would close again:
+            # an exception between the two (a signal's handler: SIGTERM's SystemExit,
+            # Ctrl-C) became that close's EBADF, an OSError callers take for a miss (a
+            # launcher server sent SIGTERM as it counted a hit served on until idle,
+            # issue 40), and in a threaded process the number may be another's file.
+            fd, parent = child, fd
+            os.close(parent)
+            where = os.path.normpath(os.path.join(where, name))
             if any(part not in ("", ".") for part in pending):  # the last one: checked above
                 problem = _ancestor_problem(os.fstat(fd), where)
         raise UntrustedDirectory(f"{path}: {problem}")

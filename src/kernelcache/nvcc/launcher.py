@@ -43,6 +43,8 @@ from kernelcache.nvcc.outputs import messages, replay, write_outputs
 from kernelcache.stats.launcher import STATS_FILE, launcher_stats, stats_path
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kernelcache.cache import Cache
     from kernelcache.nvcc.args import Invocation
     from kernelcache.settings import Settings
@@ -80,22 +82,40 @@ def main(argv: list[str]) -> int:
         return _without_cache(nvcc, args, exc)
     if settings.disable:
         return run_plain(nvcc, args)
-    _wake_server(settings)
-    rc, outcome = _run(settings, nvcc, inv)
+    wake = _Wake(settings)
+    rc, outcome = _run(settings, nvcc, inv, wake)
+    wake()  # a hit, an uncacheable call: once its work is done
     if outcome is not None:
         outcome.record(settings)
     return rc
 
 
-def _wake_server(settings: Settings) -> None:
-    """Start the server for the next call when none listens (see :mod:`kernelcache.nvcc.spawn`)."""
-    if not settings.read_only:  # read-only writes nothing, and a server would
-        from kernelcache.nvcc import spawn
+class _Wake:
+    """Start the server for the next calls, once: as soon as this call's nvcc runs
+    (:func:`kernelcache.nvcc.miss.handle`), else when the call is done.
 
-        spawn.wake(settings.dir, os.environ)
+    Only later calls use a server, so a first miss into an empty cache directory
+    does not start one before its own compile does (issue 40: a fresh CI runner's
+    first build); it starts it while nvcc works.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.done = False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if not self._settings.read_only:  # read-only writes nothing, and a server would
+            from kernelcache.nvcc import spawn
+
+            spawn.wake(self._settings.dir, os.environ)
 
 
-def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome | None]:
+def _run(
+    settings: Settings, nvcc: str, inv: Invocation, wake: Callable[[], None]
+) -> tuple[int, Outcome | None]:
     if inv.reason is not None:
         return run_plain(nvcc, inv.args), Outcome("uncacheable", reason=inv.reason)
     try:
@@ -118,7 +138,7 @@ def _run(settings: Settings, nvcc: str, inv: Invocation) -> tuple[int, Outcome |
             return 0, Outcome("hits", saved=saved_seconds(hit[1]))
         from kernelcache.nvcc import miss
 
-        return miss.handle(cache, job)
+        return miss.handle(cache, job, on_start=wake)
 
 
 def _open_cache(settings: Settings) -> Cache:

@@ -42,6 +42,7 @@ from kernelcache.nvcc.outputs import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from kernelcache.cache import Cache
@@ -52,11 +53,15 @@ if TYPE_CHECKING:
 DEPS_META = "deps"
 
 
-def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
+def handle(
+    cache: Cache, job: Job, on_start: Callable[[], None] | None = None
+) -> tuple[int, Outcome]:
     """The exit code and outcome of a call whose direct lookup missed.
 
     Run under the command's flight claim (:mod:`kernelcache.nvcc.flight`): a
     caller that waited for another's compile finds its result here.
+    ``on_start`` is called once nvcc runs, if it does (the launcher starts its
+    server then: off the compile's critical path).
     """
     from kernelcache.nvcc import flight
 
@@ -65,10 +70,10 @@ def handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
         if hit is not None and write_outputs(job.inv, hit[1], job.basedir):
             replay(*messages(hit[1], job.basedir))
             return 0, Outcome("hits", saved=saved_seconds(hit[1]), detail="flight_hits")
-        return _handle(cache, job)
+        return _handle(cache, job, on_start)
 
 
-def _handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
+def _handle(cache: Cache, job: Job, on_start: Callable[[], None] | None) -> tuple[int, Outcome]:
     started = time.time_ns()  # before preprocessing: an edit after it is a race
     pre = None
     if nvcc_key.flag(job.env, "KERNELCACHE_NVCC_PREPROCESSED", True):
@@ -78,7 +83,7 @@ def _handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
             # No result of this command was ever stored under a preprocessed
             # key, so none can be found: compile at once, and take the key
             # from the preprocessed files the compile itself leaves behind.
-            return _compile(cache, job, None, started, learn=True)
+            return _compile(cache, job, None, started, learn=True, on_start=on_start)
 
         digests = preprocess.digests(job.nvcc, job.inv, job.env, job.basedir)
         pre = nvcc_key.preprocessed_key(job.command, digests) if digests else None
@@ -88,7 +93,7 @@ def _handle(cache: Cache, job: Job) -> tuple[int, Outcome]:
             result, outcome = restored
             replay(*messages(result, job.basedir))
             return 0, outcome
-    return _compile(cache, job, pre, started)
+    return _compile(cache, job, pre, started, on_start=on_start)
 
 
 def preprocessed_lookup(
@@ -127,7 +132,12 @@ def _preprocessed_hit(
 
 
 def _compile(
-    cache: Cache, job: Job, pre: str | None, started: int, learn: bool = False
+    cache: Cache,
+    job: Job,
+    pre: str | None,
+    started: int,
+    learn: bool = False,
+    on_start: Callable[[], None] | None = None,
 ) -> tuple[int, Outcome]:
     """Run nvcc and cache its result; ``learn``: the preprocessed key comes from its kept files."""
     import shutil
@@ -152,6 +162,8 @@ def _compile(
         except OSError as exc:
             print(f"kernelcache: cannot run {job.nvcc}: {exc}", file=sys.stderr)
             return 127, Outcome("failed")
+        if on_start is not None:
+            on_start()  # while nvcc works
         with proc:
             # Which kept files its passes write: asked while it compiles.
             kept = _plan_keep(job, keep_dir) if keep_dir is not None else None

@@ -28,8 +28,8 @@ versions sharing a directory never make servers exit in turn. No memory
 tier: a manifest another process updated must be seen at once.
 
 Once it listens, it builds the compiled client in the background when it
-can (:mod:`kernelcache.nvcc.native`). As it exits it logs how many answers
-of each kind it gave, and how many of them went to the compiled client.
+can (:mod:`kernelcache.nvcc.native`). As it exits it logs why, how many
+answers of each kind it gave, and how many of them went to the compiled client.
 """
 
 from __future__ import annotations
@@ -104,10 +104,11 @@ class Server:
         self.sock.listen(128)
         self.sock.settimeout(_TICK)
 
-    def run(self) -> None:
+    def run(self) -> str:
+        """Serve until a reason to exit, which it returns (for the log)."""
         last = time.monotonic()
         dirty = False
-        while True:
+        while not _STOP.requested:
             try:
                 conn, _ = self.sock.accept()
             except TimeoutError:
@@ -116,13 +117,16 @@ class Server:
                     for cache in self.caches.values():
                         cache.flush_stats()
                     dirty = False
-                if time.monotonic() - last > self.idle or not self._still_bound():
-                    return
+                if time.monotonic() - last > self.idle:
+                    return "idle"
+                if not self._still_bound():
+                    return "its socket was removed or replaced"
                 continue
             with conn:
                 if not self.handle(conn):
-                    return
+                    return "a newer client"
             last, dirty = time.monotonic(), True
+        return "SIGTERM"
 
     def _still_bound(self) -> bool:
         try:
@@ -285,6 +289,31 @@ class Server:
         self.sock.close()
 
 
+class _Stop:
+    """SIGTERM's request to exit (:meth:`on_sigterm`), which :meth:`Server.run` also reads.
+
+    The SystemExit the handler raises ends whatever the server is doing, but
+    alone it is not enough: Python runs a handler between any two bytecodes of
+    the main thread, and the exception can be lost there: printed and dropped
+    in a finalizer (``__del__``, ``weakref.finalize``), or replaced by an error
+    the code around it handles (the trust walk once closed a descriptor twice
+    on its way out: EBADF, taken for a miss). A server that lost it served on
+    until idle, and a test's stop gave up after 60 s (issue 40). The flag
+    makes it exit at its next tick anyway.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        self.requested = True
+        sys.exit(0)
+
+
+#: This process's (the handler is installed by :func:`main`).
+_STOP = _Stop()
+
+
 def _newer(protocol: bytes) -> bool:
     """Whether ``protocol`` is a later version of :data:`PROTOCOL`."""
     name, _, version = PROTOCOL.rpartition(b"/")
@@ -315,7 +344,7 @@ def main(argv: list[str]) -> int:
     os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 65536))
     with contextlib.suppress(OSError):
         os.setsid()  # no terminal's Ctrl-C; started through sh, so never a group leader
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    signal.signal(signal.SIGTERM, _STOP.on_sigterm)
     try:
         # Stricter than the disk tier: this user's own, not even root's, since
         # a program runs from here. Nothing is written before this check.
@@ -343,10 +372,14 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(STARTING, dir_fd=dir_fd)
     build = None
+    why = "an error"
     try:
         build = start_build(server.directory, os.environ)
-        server.run()
+        why = server.run()
     finally:
+        if _STOP.requested:
+            why = "SIGTERM"
+        print(f"kernelcache server: exiting: {why}", file=sys.stderr, flush=True)
         server.close()
         if build is not None:
             build.join()  # each of its steps is bounded (native.STEP_TIMEOUT)
