@@ -137,9 +137,9 @@ class _Queue:
             self._saved = self.consumed
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        fd, self._fd = self._fd, None  # never a closed number held: a signal between
+        if fd is not None:  # the two steps would close it again (EBADF), or another's file
+            os.close(fd)
         self._buf, self._size = b"", 0
 
 
