@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import fstype
 from kernelcache._fs import write_new
+from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
     Counters,
@@ -41,11 +42,11 @@ from kernelcache.stores.disk.layout import (
     SUFFIX,
     Layout,
     UnsafeDirectory,
-    scan_shard,
     shard_of,
     shards,
     tree_size,
 )
+from kernelcache.stores.disk.pack import PACK_MAX, Packs, check_packed, info_of_packed
 from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import TypeVar
 
-    from kernelcache.entry import Entry
     from kernelcache.settings import Settings
 
     _T = TypeVar("_T")
@@ -98,6 +98,9 @@ class DiskStore(Store):
     kind = "disk"
     counters_class = DiskCounters
     counters: DiskCounters
+    #: Entries packed in at most this many bytes go in their shard's pack (pack.py);
+    #: 0 keeps a file per entry (tests of the file layout set it).
+    pack_max: int = PACK_MAX
 
     def __init__(
         self,
@@ -130,6 +133,14 @@ class DiskStore(Store):
             durable=durable,
             on_error=lambda: self._count("errors"),
         )
+        #: Small entries' packs (pack.py): on local filesystems only, where mapping
+        #: coherence and flock hold; a network filesystem keeps a file per entry.
+        self.packs = (
+            None
+            if self.filesystem.network
+            else Packs(self.layout, read_only=read_only, durable=durable)
+        )
+        self.space.packs = self.packs
         self.unusable = None
         self._entries = self.layout.entries
         # The checked shard directories hits open their entries in (layout.entries_fd).
@@ -261,18 +272,20 @@ class DiskStore(Store):
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
         shard = shard_of(key)
+        if self.packs is not None and self.unusable is None:
+            entry = self._read_packed(key, shard)
+            if entry is not None:
+                return entry
         folder = self._folders.get(shard)
         if folder is None:
             self._usable()
             folder = self._guard(lambda: self.layout.entries_fd(shard))
             if folder is None:  # nothing was ever put in this shard
-                self.counters.misses += 1
-                return None
+                return self._missed(key, shard)
         try:
             fd = os.open(key + SUFFIX, self._open_read, dir_fd=folder)
         except FileNotFoundError:
-            self.counters.misses += 1
-            return None
+            return self._missed(key, shard)
         except OSError as exc:
             if exc.errno == errno.EPERM and self._open_read != OPEN_READ:
                 # A file of another owner (a cache directory of root's that users read).
@@ -310,6 +323,40 @@ class DiskStore(Store):
         counters.hits += 1
         counters.bytes_read += size
         return entry
+
+    def _read_packed(self, key: str, shard: str) -> Entry | None:
+        """``key``'s packed entry (pack.py), verified; ``None`` if it is not packed here. A
+        record that fails verification is a counted miss, removed if it is still there."""
+        assert self.packs is not None
+        try:
+            found = self.packs.read(key, shard)
+        except CorruptEntry:
+            self._count("corrupt")
+            if not self.read_only:
+                where = self.packs.where(key, shard)
+                if where is not None:
+                    self._guard(lambda: self.space.remove(key, 0, where[0]))
+            return None
+        except OSError:
+            self._count("errors")  # the file path is tried next, as before packing
+            return None
+        if found is None:
+            return None
+        recorded, meta_raw, artifacts, size = found
+        counters = self.counters
+        counters.hits += 1
+        counters.bytes_read += size
+        return Entry.from_verified(artifacts, meta_raw, recorded, self.files)
+
+    def _missed(self, key: str, shard: str) -> Entry | None:
+        """A miss, unless the shard's pack was made or compacted by another process since
+        this one opened it (one ``stat``, on misses only): then the key is looked up again."""
+        if self.packs is not None and self.unusable is None and self.packs.stale(shard):
+            entry = self._read_packed(key, shard)
+            if entry is not None:
+                return entry
+        self.counters.misses += 1
+        return None
 
     def _retry(self, key: str, retry: bool) -> Entry | None:
         """Read ``key`` once more after ``ESTALE``; a second failure is a counted miss."""
@@ -387,6 +434,13 @@ class DiskStore(Store):
             self._count("evictions")
             return entry.bind(key)
         shard = shard_of(key)
+        if self.packs is not None and size <= self.pack_max:
+            try:
+                self.space.publish_packed(key, shard, parts, size)
+            except OSError as exc:
+                self._count("busy" if isinstance(exc, TimeoutError) else "errors")
+                raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+            return self._stored(key, entry, size)
         if shard not in self._checked:
             self._check_shard(shard, create=True)
         tmp = self.layout.staged(key[:64]) + ".tmp"
@@ -397,6 +451,9 @@ class DiskStore(Store):
             self._count("busy" if isinstance(exc, TimeoutError) else "errors")
             self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        return self._stored(key, entry, size)
+
+    def _stored(self, key: str, entry: Entry, size: int) -> Entry:
         self._count("puts")
         self._count("bytes_written", size)
         if time.monotonic() >= self._next_sweep:  # what a process of this node left (issue 40)
@@ -423,7 +480,8 @@ class DiskStore(Store):
         self._check_writable()
         self._usable()
         ino = info.extra.get("ino")
-        removed = self._guard(lambda: self.space.remove(info.key, expect_ino=ino))
+        record = info.extra.get("record")
+        removed = self._guard(lambda: self.space.remove(info.key, ino, record))
         if removed:
             self._count("deletes")
         return removed
@@ -446,9 +504,12 @@ class DiskStore(Store):
         ``extra`` has the file's ``path`` and ``ino`` and the copies' bytes (``extracted``)."""
         self._usable()
         for shard in shards():
-            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
+            found, _orphans = self._guard(functools.partial(self.space.scan, shard))
             for f in found:
-                yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
+                if f.st is None:
+                    yield info_of_packed(f, self.packs)
+                else:
+                    yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
 
     def info(self, key: str) -> EntryInfo | None:
         """Size and times of one entry from its file's metadata, or ``None``."""
@@ -458,10 +519,23 @@ class DiskStore(Store):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return None
+            return self._packed_info(key)
         if not stat.S_ISREG(st.st_mode):
             return None
         return info_of(key, st, path, tree_size(self.layout.key_folder(key)))
+
+    def _packed_info(self, key: str) -> EntryInfo | None:
+        if self.packs is None:
+            return None
+        shard = shard_of(key)
+        where = self._guard(lambda: self.packs.where(key, shard) if self.packs else None)
+        if where is None:
+            return None
+        for f in self.packs.found(shard):
+            if f.key == key:
+                f.extracted = tree_size(self.layout.key_folder(key, shard))
+                return info_of_packed(f, self.packs)
+        return None
 
     def usage(self) -> tuple[int, int]:
         """``(entries, bytes)`` of the whole tier from its counter (cheap; exact unless a
@@ -478,6 +552,8 @@ class DiskStore(Store):
     def check(self, info: EntryInfo) -> Damage | None:
         """Verify the entry file and its extracted copies (removing nothing)."""
         self._usable()
+        if info.extra.get("packed"):
+            return self._guard(lambda: check_packed(self.packs, self.files, info))
         return self._guard(lambda: check_entry(self.layout, self.files, info))
 
     def sweep(self) -> None:
@@ -492,14 +568,16 @@ class DiskStore(Store):
         self._usable()
         removed = 0
         for shard in shards():
-            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
+            found, _orphans = self._guard(functools.partial(self.space.scan, shard))
             for f in found:
-                if self._guard(functools.partial(self.space.remove, f.key, f.st.st_ino)):
+                if self._guard(functools.partial(self.space.remove, f.key, f.ino, f.record)):
                     removed += 1
         self._guard(self.space.recount)  # and extraction folders of no entry go too
         return removed
 
     def close(self) -> None:
+        if self.packs is not None:
+            self.packs.close()
         self.space.close()
         self.layout.close()
         super().close()

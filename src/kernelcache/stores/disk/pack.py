@@ -1,0 +1,515 @@
+"""Small entries of the disk tier, packed: one append-only data file per shard and a mapped index.
+
+A distinct-key hit of a file per entry pays an ``open`` and a ``close``; diskcache
+reads an inline SQLite row through a mapping and was 1.3x faster on 4 KB entries
+(issue 40, ``benchmarks/small_designs.py``: a pack with a mapped index measured
+0.53x diskcache). So on a local filesystem an entry packed in at most
+:data:`PACK_MAX` bytes lives in its shard's pack::
+
+    v1/packs/<s>.idx          index: header + open-addressing slots, mapped MAP_SHARED
+    v1/packs/<s>.<gen>.dat    records: packed entries (kernelcache.entry format), appended
+
+A slot is ``(key hash, offset, length, flags, clock)``; the clock (ns) is the
+entry's last use, the LRU order's mtime. A hit is a probe of the mapping (no
+system call) and one ``pread``; the record carries its key and checksums, and
+is verified as an entry file is, so a torn or foreign record is a counted miss.
+
+Writers hold the tier's space lock (``flock``: packs exist only on local
+filesystems, where it and mapping coherence hold). A put appends its record at
+the index's ``end``, then fills a free slot with the key hash written last; a
+replaced or removed record's slot gets the tombstone hash. A writer killed
+mid-append leaves bytes past ``end`` that the next append overwrites.
+
+Removed records are dead bytes until compaction rewrites the live ones into
+``<s>.<gen+1>.dat`` with a new index (grown if needed), renames it over
+``<s>.idx`` and sets the old index's ``retired`` flag: every process checks
+that flag (one byte of the mapping) before using an index, and reopens. A
+reader that still holds the old data file reads valid old records.
+
+Trust: the pack files must be regular files of this user (or root), writable
+by no one else, as the tier's directories must; otherwise they are refused
+(counted) and the shard's entries are files, as before packing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import stat
+import struct
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+import xxhash
+
+from kernelcache import _fs
+from kernelcache.entry import Entry
+from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
+from kernelcache.errors import CorruptEntry
+from kernelcache.stores.base import Damage, EntryInfo
+from kernelcache.stores.disk.layout import Found, shard_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from kernelcache.stores.disk.files import Extractor
+    from kernelcache.stores.disk.layout import Layout
+
+#: Entries packed in at most this many bytes go in packs; larger ones stay files
+#: (one pread of a big file is as fast as from a pack, and extraction wants files).
+PACK_MAX = 16384
+MAGIC = b"KCPACKI1"
+#: magic, retired, slots, generation, end of data, used slots, live bytes, dead bytes
+_HEADER = struct.Struct("<8sQQQQQQQ")
+_SLOT = struct.Struct("<QQIIQ")  # key hash, offset, length, flags, clock (ns)
+_HASH = struct.Struct("<Q")
+_CLOCK = struct.Struct("<Q")
+_RETIRED_AT = 8
+_CLOCK_AT = 24  # within a slot
+_EMPTY = 0
+_TOMB = 1
+_FIRST_SLOTS = 1024
+#: An index is rebuilt (larger) when this fraction of its slots was ever used.
+_MAX_LOAD = 0.6
+#: Compaction runs when dead bytes exceed the live ones and this many bytes: a shard's
+#: pack holds at most that much beyond what the tier's counter (and cap) counts.
+_DEAD_MIN = 1 << 16
+#: Where the key's length lies in an entry's prefix (entry_format._PREFIX: magic, 3 x u16).
+_KEY_LEN_AT = 14
+_OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def key_hash(key: str) -> int:
+    """The slot hash of ``key``: never 0 (empty) or 1 (tombstone)."""
+    h = xxhash.xxh3_64_intdigest(key.encode())
+    return h if h > _TOMB else h + 2
+
+
+def file_problem(st: os.stat_result) -> str | None:
+    """Why a pack file with status ``st`` must not be trusted (the rule of the tier's folders)."""
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"it is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+class Record(NamedTuple):
+    """A live packed entry as a listing sees it."""
+
+    key: str
+    offset: int
+    length: int
+    clock_ns: int
+
+
+class _Shard:
+    """One shard's open index (mapped) and data file."""
+
+    __slots__ = ("data", "ino", "mask", "mm", "name", "slots", "writable")
+
+    def __init__(self, name: str, mm: mmap.mmap, data: int, ino: int, writable: bool) -> None:
+        self.name = name
+        self.mm = mm
+        self.data = data
+        self.ino = ino
+        self.slots = _HEADER.unpack_from(mm, 0)[2]
+        self.mask = self.slots - 1
+        self.writable = writable
+
+    @property
+    def retired(self) -> bool:
+        return self.mm[_RETIRED_AT] != 0
+
+    def header(self) -> list[int]:
+        return list(_HEADER.unpack_from(self.mm, 0)[1:])
+
+    def set_header(self, fields: Sequence[int]) -> None:
+        _HEADER.pack_into(self.mm, 0, MAGIC, *fields)
+
+    def find(self, h: int) -> int:
+        """The slot number holding hash ``h``, or -1."""
+        mm, mask = self.mm, self.mask
+        i = (h >> 4) & mask
+        for _ in range(self.slots):
+            at = _HEADER.size + i * _SLOT.size
+            found: int = _HASH.unpack_from(mm, at)[0]
+            if found == h:
+                return int(i)
+            if found == _EMPTY:
+                return -1
+            i = (i + 1) & mask
+        return -1
+
+    def slot(self, i: int) -> tuple[int, int, int, int, int]:
+        h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
+        return h, offset, length, flags, clock
+
+    def insert(self, h: int, offset: int, length: int, clock: int) -> None:
+        """Fill the first empty slot of ``h``'s chain; the hash goes in last (readers)."""
+        mm, mask = self.mm, self.mask
+        i = (h >> 4) & mask
+        while _HASH.unpack_from(mm, _HEADER.size + i * _SLOT.size)[0] != _EMPTY:
+            i = (i + 1) & mask
+        at = _HEADER.size + i * _SLOT.size
+        mm[at + 8 : at + _SLOT.size] = _SLOT.pack(0, offset, length, 0, clock)[8:]
+        _HASH.pack_into(mm, at, h)
+
+    def kill(self, i: int) -> None:
+        _HASH.pack_into(self.mm, _HEADER.size + i * _SLOT.size, _TOMB)
+
+    def touch(self, i: int, clock: int) -> None:
+        _CLOCK.pack_into(self.mm, _HEADER.size + i * _SLOT.size + _CLOCK_AT, clock)
+
+    def live(self) -> Iterator[tuple[int, int, int, int, int]]:
+        """``(slot, hash, offset, length, clock)`` of every live slot."""
+        for i, (h, offset, length, _flags, clock) in enumerate(
+            _SLOT.iter_unpack(self.mm[_HEADER.size : _HEADER.size + self.slots * _SLOT.size])
+        ):
+            if h > _TOMB:
+                yield i, h, offset, length, clock
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a view still exported: closed when collected
+            self.mm.close()
+        os.close(self.data)
+
+
+class Packs:
+    """The packs of one disk tier (see the module docstring).
+
+    ``refused`` is called for each pack file refused by the trust rule. A
+    read-only tier maps indexes read-only and never writes a clock.
+    """
+
+    def __init__(self, layout: Layout, *, read_only: bool, durable: bool = False) -> None:
+        self.layout = layout
+        self.folder = f"{layout.base}/packs"
+        self.read_only = read_only
+        self.durable = durable
+        self._shards: dict[str, _Shard | None] = {}
+        self._pid = os.getpid()
+
+    # Opening -------------------------------------------------------------
+    def _dir_ok(self, create: bool) -> bool:
+        try:
+            return self.layout.directory(self.folder, create=create)
+        except OSError:
+            return False
+
+    def shard(self, name: str, create: bool = False) -> _Shard | None:
+        """The open pack of shard ``name`` (reopened if it was retired), or ``None``."""
+        if self._pid != os.getpid():
+            self._shards, self._pid = {}, os.getpid()  # a child remaps (fds are shared)
+        s = self._shards.get(name)
+        if s is not None and not s.retired:
+            return s
+        if s is not None:
+            s.close()
+            del self._shards[name]
+        s = self._attach(name)
+        if s is None and create:
+            self._create(name)
+            s = self._attach(name)
+        if s is not None:
+            self._shards[name] = s
+        return s
+
+    def stale(self, name: str) -> bool:
+        """Whether shard ``name``'s index file is not the one this process has open
+        (made by another process since, or replaced by a compaction that died before
+        retiring the old one). A ``stat``: run on misses only."""
+        s = self._shards.get(name)
+        try:
+            st = os.stat(f"{self.folder}/{name}.idx", follow_symlinks=False)
+        except OSError:
+            return False
+        return s is None or st.st_ino != s.ino
+
+    def _attach(self, name: str) -> _Shard | None:
+        if not self._dir_ok(create=False):
+            return None
+        writable = not self.read_only
+        path = f"{self.folder}/{name}.idx"
+        try:
+            try:
+                fd = os.open(
+                    path, _OPEN_FILE & ~os.O_RDONLY | os.O_RDWR if writable else _OPEN_FILE
+                )
+            except (PermissionError, OSError) as exc:
+                if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                    raise
+                # A read-only mount, or a cache of root's that users read: read it as it is.
+                writable = False
+                fd = os.open(path, _OPEN_FILE)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            self.layout.refused()  # a link (ELOOP) or unreadable
+            return None
+        try:
+            st = os.fstat(fd)
+            if file_problem(st) is not None or st.st_size < _HEADER.size:
+                self.layout.refused()
+                return None
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            mm = mmap.mmap(fd, st.st_size, access=access)
+        finally:
+            os.close(fd)
+        magic, _retired, slots, gen, *_rest = _HEADER.unpack_from(mm, 0)
+        if magic != MAGIC or slots & (slots - 1) or _HEADER.size + slots * _SLOT.size > len(mm):
+            mm.close()
+            self.layout.refused()  # not an index of this format: damaged or foreign
+            return None
+        try:
+            flags = _OPEN_FILE if not writable else _OPEN_FILE & ~os.O_RDONLY | os.O_RDWR
+            data = os.open(f"{self.folder}/{name}.{gen}.dat", flags)
+        except OSError:
+            mm.close()
+            return None
+        if file_problem(os.fstat(data)) is not None:
+            os.close(data)
+            mm.close()
+            self.layout.refused()
+            return None
+        return _Shard(name, mm, data, st.st_ino, writable)
+
+    def _create(self, name: str, slots: int = _FIRST_SLOTS) -> None:
+        """Make an empty pack for shard ``name`` (under the space lock)."""
+        self._dir_ok(create=True)
+        self._write(name, 1, [], slots)
+
+    def _write(
+        self, name: str, gen: int, records: list[tuple[int, bytes, int]], slots: int
+    ) -> None:
+        """Write data file ``gen`` holding ``records`` (hash, bytes, clock) and an index over
+        it, renamed over the shard's index (under the space lock)."""
+        data_path = f"{self.folder}/{name}.{gen}.dat"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(data_path)  # left by a compaction that died
+        _fs.write_new(data_path, [r[1] for r in records], durable=self.durable)
+        index = bytearray(_HEADER.size + slots * _SLOT.size)
+        mask = slots - 1
+        offset = live = 0
+        for h, raw, clock in records:
+            i = (h >> 4) & mask
+            while _HASH.unpack_from(index, _HEADER.size + i * _SLOT.size)[0] != _EMPTY:
+                i = (i + 1) & mask
+            _SLOT.pack_into(index, _HEADER.size + i * _SLOT.size, h, offset, len(raw), 0, clock)
+            offset += len(raw)
+            live += len(raw)
+        _HEADER.pack_into(index, 0, MAGIC, 0, slots, gen, offset, len(records), live, 0)
+        _fs.write_atomic(
+            f"{self.folder}/{name}.idx",
+            bytes(index),
+            staging=self.layout.staging,
+            durable=self.durable,
+        )
+
+    # Reads ---------------------------------------------------------------
+    def read(self, key: str, shard: str) -> tuple[str, bytes, dict[str, bytes], int] | None:
+        """``(key, meta_raw, artifacts, size)`` of ``key``'s verified record, or ``None``
+        (not packed). :class:`CorruptEntry` if the record fails verification."""
+        s = self.shard(shard)
+        if s is None:
+            return None
+        i = s.find(key_hash(key))
+        if i < 0:
+            return None
+        _h, offset, length, _flags, clock = s.slot(i)
+        raw = os.pread(s.data, length, offset)
+        recorded, meta_raw, artifacts = unpack_from(raw, length, key)
+        if s.writable:
+            now = time.time_ns()
+            if now - clock > _TOUCH_NS:  # rate-limited like a file's mtime: hits write no page
+                s.touch(i, now)
+        return recorded, meta_raw, artifacts, length
+
+    def where(self, key: str, shard: str) -> tuple[int, int] | None:
+        """``(offset, length)`` of ``key``'s record, or ``None``."""
+        s = self.shard(shard)
+        if s is None:
+            return None
+        i = s.find(key_hash(key))
+        return None if i < 0 else s.slot(i)[1:3]
+
+    def raw(self, key: str, shard: str, offset: int) -> bytes | None:
+        """The bytes of ``key``'s record if it is still the one at ``offset`` (verify)."""
+        s = self.shard(shard)
+        if s is None:
+            return None
+        i = s.find(key_hash(key))
+        if i < 0 or s.slot(i)[1] != offset:
+            return None
+        return os.pread(s.data, s.slot(i)[2], offset)
+
+    def records(self, shard: str) -> list[Record]:
+        """The live records of ``shard`` with their keys (read from the records: a record
+        whose key cannot be read is listed under no key, and dropped by compaction)."""
+        s = self.shard(shard)
+        if s is None:
+            return []
+        found = []
+        for _i, h, offset, length, clock in s.live():
+            key = _record_key(s.data, offset, length)
+            if key is not None and key_hash(key) == h:
+                found.append(Record(key, offset, length, clock))
+        return found
+
+    def found(self, shard: str) -> list[Found]:
+        """:meth:`records` as a scan of the shard lists them."""
+        return [
+            Found(r.key, None, record=r.offset, length=r.length, clock_ns=r.clock_ns)
+            for r in self.records(shard)
+        ]
+
+    # Changes (the caller holds the space lock) ---------------------------
+    def append(self, key: str, shard: str, parts: Sequence[bytes], size: int) -> int:
+        """Publish ``key``'s packed entry; returns the bytes of the record it replaced
+        (-1 if none). The caller counts."""
+        s = self.shard(shard, create=True)
+        if s is None:
+            raise OSError(f"the pack of shard {shard} is refused")
+        _retired, slots, gen, end, used, live, dead = s.header()
+        if (used + 1) > slots * _MAX_LOAD:
+            s = self._compact(s, grow=True)
+            _retired, slots, gen, end, used, live, dead = s.header()
+        h = key_hash(key)
+        old = s.find(h)
+        written = os.pwritev(s.data, parts, end)
+        if self.durable:
+            os.fsync(s.data)
+        if written != size:
+            raise OSError(f"short write to the pack of shard {shard}")
+        s.insert(h, end, size, time.time_ns())
+        replaced = -1
+        if old >= 0:
+            replaced = s.slot(old)[2]
+            s.kill(old)
+            live, dead = live - replaced, dead + replaced
+        s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
+        return replaced
+
+    def remove(self, key: str, shard: str, expect_offset: int | None = None) -> int:
+        """Drop ``key``'s record (if it is still at ``expect_offset``); its bytes, or -1."""
+        s = self.shard(shard)
+        if s is None:
+            return -1
+        i = s.find(key_hash(key))
+        if i < 0:
+            return -1
+        _h, offset, length, _flags, _clock = s.slot(i)
+        if expect_offset is not None and offset != expect_offset:
+            return -1
+        s.kill(i)
+        _retired, slots, gen, end, used, live, dead = s.header()
+        s.set_header((0, slots, gen, end, used, live - length, dead + length))
+        if dead + length > max(live - length, _DEAD_MIN):
+            self._compact(s, grow=False)
+        return length
+
+    def evict(self, key: str, shard: str, clock_ns: int) -> int:
+        """Drop ``key``'s record if it was not used since ``clock_ns``; its bytes, or -1."""
+        s = self.shard(shard)
+        if s is None:
+            return -1
+        i = s.find(key_hash(key))
+        if i < 0 or s.slot(i)[4] != clock_ns:
+            return -1  # used or replaced since the scan
+        return self.remove(key, shard, s.slot(i)[1])
+
+    def used(self, key: str, shard: str) -> bool:
+        """Whether ``key`` is packed; marks it used now (an extraction's entry stays)."""
+        s = self.shard(shard)
+        if s is None:
+            return False
+        i = s.find(key_hash(key))
+        if i < 0:
+            return False
+        if s.writable:
+            s.touch(i, time.time_ns())
+        return True
+
+    def _compact(self, s: _Shard, grow: bool) -> _Shard:
+        """Rewrite ``s``'s live records into a new generation; the old index is retired."""
+        kept = []
+        for _i, h, offset, length, clock in s.live():
+            raw = os.pread(s.data, length, offset)
+            if len(raw) == length:
+                kept.append((h, raw, clock))
+        slots = s.slots
+        while len(kept) + 1 > slots * _MAX_LOAD / 2 and grow:
+            slots *= 2
+        gen = s.header()[2]
+        self._write(s.name, gen + 1, kept, slots)
+        s.mm[_RETIRED_AT] = 1  # after the rename: whoever sees it finds the new index
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{self.folder}/{s.name}.{gen}.dat")
+        fresh = self.shard(s.name)
+        if fresh is None:
+            raise OSError(f"the pack of shard {s.name} vanished during compaction")
+        return fresh
+
+    def close(self) -> None:
+        for s in self._shards.values():
+            if s is not None:
+                s.close()
+        self._shards.clear()
+
+
+#: A hit moves a packed entry up the LRU order at most this often (store.TOUCH_INTERVAL).
+_TOUCH_NS = 60 * 1_000_000_000
+
+
+def _record_key(fd: int, offset: int, length: int) -> str | None:
+    """The key a record at ``offset`` says it holds (its header unverified: the reader
+    verifies), or ``None`` if it has none."""
+    head = os.pread(fd, min(length, PREFIX_SIZE + 256), offset)
+    try:
+        header_size(head)
+    except CorruptEntry:
+        return None
+    key_len = struct.unpack_from("<H", head, _KEY_LEN_AT)[0]
+    try:
+        return head[PREFIX_SIZE : PREFIX_SIZE + key_len].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+
+
+def info_of_packed(f: Found, packs: Packs | None) -> EntryInfo:
+    """What listings say of a packed entry: its record's bytes plus its extracted copies (as
+    the cap counts them); ``extra`` says where the record is (``record``: its offset)."""
+    folder = packs.folder if packs is not None else ""
+    extra = {
+        "ino": 0,
+        "packed": True,
+        "record": f.record,
+        "path": f"{folder}/{shard_of(f.key)}.idx",
+        "extracted": f.extracted,
+    }
+    clock = f.clock_ns / 1e9
+    return EntryInfo(f.key, f.size, clock, clock, extra)
+
+
+def check_packed(packs: Packs | None, files: Extractor, info: EntryInfo) -> Damage | None:
+    """Why the packed entry ``info`` names is damaged (its record, or an extracted copy), or
+    ``None``; a record replaced or removed since ``info`` was taken is not checked."""
+    if packs is None:
+        return None
+    record = info.extra.get("record", -1)
+    raw = packs.raw(info.key, shard_of(info.key), record)
+    if raw is None:
+        return None
+    try:
+        recorded, meta_raw, artifacts = unpack_from(raw, len(raw), info.key)
+    except CorruptEntry as exc:
+        return Damage(info, str(exc))
+    entry = Entry.from_verified(artifacts, meta_raw, recorded, None)
+    problems = files.check(entry, info.key)
+    if problems:
+        return Damage(info, "; ".join(f"{where}: {what}" for where, what in problems))
+    return None
