@@ -52,7 +52,7 @@ from kernelcache.stores.base import Damage, EntryInfo
 from kernelcache.stores.disk.layout import Found, shard_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from kernelcache.stores.disk.files import Extractor
     from kernelcache.stores.disk.layout import Layout
@@ -173,10 +173,16 @@ class _Shard:
             if h > _TOMB:
                 yield i, h, offset, length, clock
 
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a view still exported: closed when collected
-            self.mm.close()
-        os.close(self.data)
+    def close(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close bound now: __del__ may run at interpreter exit, after os is gone.
+        if self.data >= 0:
+            with contextlib.suppress(BufferError):  # a view still exported: freed with it
+                self.mm.close()
+            _close(self.data)
+            self.data = -1
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class Packs:
@@ -209,7 +215,8 @@ class Packs:
         if s is not None and not s.retired:
             return s
         if s is not None:
-            s.close()
+            # Not closed here: another thread may be reading it (a closed fd's number
+            # reused would read another file). Closed when the last user lets it go.
             del self._shards[name]
         s = self._attach(name)
         if s is None and create:
@@ -311,9 +318,13 @@ class Packs:
         )
 
     # Reads ---------------------------------------------------------------
-    def read(self, key: str, shard: str) -> tuple[str, bytes, dict[str, bytes], int] | None:
+    def read(
+        self, key: str, shard: str, touch_after: float
+    ) -> tuple[str, bytes, dict[str, bytes], int] | None:
         """``(key, meta_raw, artifacts, size)`` of ``key``'s verified record, or ``None``
-        (not packed). :class:`CorruptEntry` if the record fails verification."""
+        (not packed). :class:`CorruptEntry` if the record fails verification. A hit
+        moves the entry up the LRU order if it was last used over ``touch_after``
+        seconds ago (rate-limited like a file's mtime: most hits write nothing)."""
         s = self.shard(shard)
         if s is None:
             return None
@@ -325,7 +336,7 @@ class Packs:
         recorded, meta_raw, artifacts = unpack_from(raw, length, key)
         if s.writable:
             now = time.time_ns()
-            if now - clock > _TOUCH_NS:  # rate-limited like a file's mtime: hits write no page
+            if now - clock > touch_after * 1e9:
                 s.touch(i, now)
         return recorded, meta_raw, artifacts, length
 
@@ -447,8 +458,11 @@ class Packs:
         gen = s.header()[2]
         self._write(s.name, gen + 1, kept, slots)
         s.mm[_RETIRED_AT] = 1  # after the rename: whoever sees it finds the new index
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{self.folder}/{s.name}.{gen}.dat")
+        for name in os.listdir(self.folder):  # this generation's, and any a crash left
+            stem, _, rest = name.partition(".")
+            if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.folder}/{name}")
         fresh = self.shard(s.name)
         if fresh is None:
             raise OSError(f"the pack of shard {s.name} vanished during compaction")
@@ -459,10 +473,6 @@ class Packs:
             if s is not None:
                 s.close()
         self._shards.clear()
-
-
-#: A hit moves a packed entry up the LRU order at most this often (store.TOUCH_INTERVAL).
-_TOUCH_NS = 60 * 1_000_000_000
 
 
 def _record_key(fd: int, offset: int, length: int) -> str | None:

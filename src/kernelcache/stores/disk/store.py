@@ -329,7 +329,7 @@ class DiskStore(Store):
         record that fails verification is a counted miss, removed if it is still there."""
         assert self.packs is not None
         try:
-            found = self.packs.read(key, shard)
+            found = self.packs.read(key, shard, TOUCH_INTERVAL)
         except CorruptEntry:
             self._count("corrupt")
             if not self.read_only:
@@ -337,7 +337,7 @@ class DiskStore(Store):
                 if where is not None:
                     self._guard(lambda: self.space.remove(key, 0, where[0]))
             return None
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a mapping closed by close() meanwhile
             self._count("errors")  # the file path is tried next, as before packing
             return None
         if found is None:
