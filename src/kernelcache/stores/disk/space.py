@@ -202,7 +202,11 @@ class Space:
         assert self.packs is not None
         with self.locked() as tally:
             tally.add(size, 1)  # before the change: a crash leaves the counter high
-            replaced = self.packs.append(key, shard, parts, size)
+            try:
+                replaced = self.packs.append(key, shard, parts, size)
+            except OSError:
+                tally.add(-size, -1)  # nothing was published (the slot is filled last)
+                raise
             if replaced >= 0:
                 tally.add(-replaced, -1)
             self.remove_file_locked(tally, key, shard, None)
