@@ -351,3 +351,21 @@ def test_stats_count_packed_hits(tmp_path: Path) -> None:
     stats = store.stats()
     assert stats["hits"] == 1
     assert json.dumps(stats)
+
+
+def test_a_pack_made_or_compacted_by_another_store_is_seen(tmp_path: Path) -> None:
+    reader = DiskStore(tmp_path / "c")
+    writer = DiskStore(tmp_path / "c")
+    keys = in_shard(SHARD, 40, "g")
+    assert reader.get(keys[0]) is None  # no pack yet: known absent
+    writer.pack_max = PACK_MAX
+    writer.put(keys[0], entry(keys[0]))
+    assert reader.get(keys[0]) == entry(keys[0])  # the miss looked again
+    for key in keys[1:]:  # replaced over and over: dead bytes, then compaction
+        for size in (4000, 3000, 4000, 3000, 4000):
+            writer.put(key, entry(key, size))
+    assert int(data_file(writer, SHARD).name.split(".")[1]) > 1
+    writer.delete(keys[0])
+    assert reader.get(keys[0]) is None  # the reader's old index was retired: reopened
+    assert reader.get(keys[-1]) == entry(keys[-1])
+    assert reader.counters.corrupt == 0

@@ -9,6 +9,7 @@ Layout under the cache directory ``root``::
     v1/staging/                       files being written and entries being removed,
                                       named with their writer (node and pid) for the sweep
     v1/locks/<s>/<key>.lock           single-flight compile locks (flock), removed on release
+    v1/packs/<s>.idx, <s>.<gen>.dat   small entries of shard s, packed (local filesystems; pack.py)
 
 Nothing inside the tree is trusted to be what its name says: the directory
 itself must belong to the user (or root) and not be writable by group or

@@ -214,6 +214,10 @@ class Packs:
         s = self._shards.get(name)
         if s is not None and not s.retired:
             return s
+        if s is None and name in self._shards and not create:
+            # Known absent (or refused): a hit of a file must not pay a lookup for a pack
+            # each time. A miss looks again (stale), a put makes one.
+            return None
         if s is not None:
             # Not closed here: another thread may be reading it (a closed fd's number
             # reused would read another file). Closed when the last user lets it go.
@@ -222,8 +226,7 @@ class Packs:
         if s is None and create:
             self._create(name)
             s = self._attach(name)
-        if s is not None:
-            self._shards[name] = s
+        self._shards[name] = s
         return s
 
     def stale(self, name: str) -> bool:
@@ -235,7 +238,10 @@ class Packs:
             st = os.stat(f"{self.folder}/{name}.idx", follow_symlinks=False)
         except OSError:
             return False
-        return s is None or st.st_ino != s.ino
+        if s is not None and st.st_ino == s.ino:
+            return False
+        self._shards.pop(name, None)  # looked up afresh by the next shard()
+        return True
 
     def _attach(self, name: str) -> _Shard | None:
         if not self._dir_ok(create=False):
@@ -403,6 +409,8 @@ class Packs:
             s.kill(old)
             live, dead = live - replaced, dead + replaced
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
+        if dead > max(live + size, _DEAD_MIN):
+            self._compact(s, grow=False)
         return replaced
 
     def remove(self, key: str, shard: str, expect_offset: int | None = None) -> int:
@@ -469,7 +477,7 @@ class Packs:
         return fresh
 
     def close(self) -> None:
-        for s in self._shards.values():
+        for s in list(self._shards.values()):
             if s is not None:
                 s.close()
         self._shards.clear()

@@ -1,8 +1,11 @@
-"""Local-directory tier: one file per entry, published atomically, LRU under size caps.
+"""Local-directory tier: entries published atomically, LRU under size caps.
 
-Concurrency contract: readers see either no entry or a complete one (staging
-file, then one ``os.replace``), whatever happens to writers, including
-SIGKILL. Not power-loss durable unless ``durable=True`` (fsync before publish).
+An entry is a file of its own, or, when small and on a local filesystem, a
+record in its shard's pack (:mod:`.pack`). Concurrency contract: readers see
+either no entry or a complete one (staging file, then one ``os.replace``; or
+the record appended, then its index slot), whatever happens to writers,
+including SIGKILL. Not power-loss durable unless ``durable=True`` (fsync
+before publish).
 
 The store is get/put/delete and listing; where files live and which
 directories are trusted is :mod:`.layout`, the tier's counter, removals and
