@@ -190,7 +190,9 @@ def test_a_writer_killed_mid_append_leaves_only_dead_bytes(tmp_path: Path) -> No
     assert DiskStore(root).get("after") == entry("after")
     for key in held:
         assert fresh.get(key) == entry(key)
-    assert fresh.usage() == fresh.recount()
+    counted, real = fresh.usage(), fresh.recount()
+    assert counted[0] >= real[0]  # a kill between counting and appending leaves it high,
+    assert counted[1] >= real[1]  # never low (stores/disk/space.py)
 
 
 @pytest.mark.parametrize("where", ["record-cut", "record-flip", "slot-offset"])

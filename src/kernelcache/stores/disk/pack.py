@@ -45,16 +45,14 @@ from typing import TYPE_CHECKING, NamedTuple
 import xxhash
 
 from kernelcache import _fs
-from kernelcache.entry import Entry
 from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
 from kernelcache.errors import CorruptEntry
-from kernelcache.stores.base import Damage, EntryInfo
+from kernelcache.stores.base import EntryInfo
 from kernelcache.stores.disk.layout import Found, shard_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
-    from kernelcache.stores.disk.files import Extractor
     from kernelcache.stores.disk.layout import Layout
 
 #: Entries packed in at most this many bytes go in packs; larger ones stay files
@@ -511,23 +509,3 @@ def info_of_packed(f: Found, packs: Packs | None) -> EntryInfo:
     }
     clock = f.clock_ns / 1e9
     return EntryInfo(f.key, f.size, clock, clock, extra)
-
-
-def check_packed(packs: Packs | None, files: Extractor, info: EntryInfo) -> Damage | None:
-    """Why the packed entry ``info`` names is damaged (its record, or an extracted copy), or
-    ``None``; a record replaced or removed since ``info`` was taken is not checked."""
-    if packs is None:
-        return None
-    record = info.extra.get("record", -1)
-    raw = packs.raw(info.key, shard_of(info.key), record)
-    if raw is None:
-        return None
-    try:
-        recorded, meta_raw, artifacts = unpack_from(raw, len(raw), info.key)
-    except CorruptEntry as exc:
-        return Damage(info, str(exc))
-    entry = Entry.from_verified(artifacts, meta_raw, recorded, None)
-    problems = files.check(entry, info.key)
-    if problems:
-        return Damage(info, "; ".join(f"{where}: {what}" for where, what in problems))
-    return None

@@ -37,7 +37,7 @@ from kernelcache.stores.base import (
     check_caps,
     validate_key,
 )
-from kernelcache.stores.disk.entryfile import check_entry, info_of, read_entry
+from kernelcache.stores.disk.entryfile import check_entry, check_packed, info_of, read_entry
 from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.layout import (
     NOATIME,
@@ -49,7 +49,7 @@ from kernelcache.stores.disk.layout import (
     shards,
     tree_size,
 )
-from kernelcache.stores.disk.pack import PACK_MAX, Packs, check_packed, info_of_packed
+from kernelcache.stores.disk.pack import PACK_MAX, Packs, info_of_packed
 from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
