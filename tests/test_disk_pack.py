@@ -346,8 +346,8 @@ def test_a_network_filesystem_keeps_a_file_per_entry(two_nodes: Callable[..., ob
     store.close()
 
 
-def test_stats_count_packed_hits(tmp_path: Path) -> None:
-    store = DiskStore(tmp_path / "c")
+def test_stats_count_packed_hits_of_a_durable_store(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c", durable=True)
     store.put("h", entry("h"))
     assert store.get("h") is not None
     stats = store.stats()
@@ -371,3 +371,21 @@ def test_a_pack_made_or_compacted_by_another_store_is_seen(tmp_path: Path) -> No
     assert reader.get(keys[0]) is None  # the reader's old index was retired: reopened
     assert reader.get(keys[-1]) == entry(keys[-1])
     assert reader.counters.corrupt == 0
+
+
+def _child_of_fork(store: DiskStore, key: str) -> None:
+    assert store.get(key) == entry(key)
+    store.put(key + "c", entry(key + "c"))
+    assert store.get(key + "c") == entry(key + "c")
+
+
+def test_a_forked_child_uses_the_packs_of_its_own(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "c")
+    store.put("f", entry("f"))
+    assert store.get("f") == entry("f")  # the parent has the shard open
+    child = multiprocessing.get_context("fork").Process(target=_child_of_fork, args=(store, "f"))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert store.get("fc") == entry("fc")
+    assert store.get("f") == entry("f")

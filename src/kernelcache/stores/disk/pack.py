@@ -40,6 +40,7 @@ import os
 import stat
 import struct
 import time
+import weakref
 from typing import TYPE_CHECKING, NamedTuple
 
 import xxhash
@@ -77,6 +78,19 @@ _DEAD_MIN = 1 << 16
 #: Where the key's length lies in an entry's prefix (entry_format._PREFIX: magic, 3 x u16).
 _KEY_LEN_AT = 14
 _OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+#: Every Packs of this process: a forked child forgets their open shards (it shares the
+#: parent's descriptors and mappings; it opens its own), without a getpid() per hit.
+_ALL: weakref.WeakSet[Packs] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for packs in list(_ALL):
+        packs._shards = {}  # noqa: SLF001 (this module's own class)
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def key_hash(key: str) -> int:
@@ -196,7 +210,7 @@ class Packs:
         self.read_only = read_only
         self.durable = durable
         self._shards: dict[str, _Shard | None] = {}
-        self._pid = os.getpid()
+        _ALL.add(self)
 
     # Opening -------------------------------------------------------------
     def _dir_ok(self, create: bool) -> bool:
@@ -207,8 +221,6 @@ class Packs:
 
     def shard(self, name: str, create: bool = False) -> _Shard | None:
         """The open pack of shard ``name`` (reopened if it was retired), or ``None``."""
-        if self._pid != os.getpid():
-            self._shards, self._pid = {}, os.getpid()  # a child remaps (fds are shared)
         s = self._shards.get(name)
         if s is not None and not s.retired:
             return s
@@ -407,6 +419,8 @@ class Packs:
             s.kill(old)
             live, dead = live - replaced, dead + replaced
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
+        if self.durable:
+            s.mm.flush()  # msync: the slot survives a power loss too, as a renamed file would
         if dead > max(live + size, _DEAD_MIN):
             self._compact(s, grow=False)
         return replaced
