@@ -195,7 +195,7 @@ def test_a_writer_killed_mid_append_leaves_only_dead_bytes(tmp_path: Path) -> No
     assert counted[1] >= real[1]  # never low (stores/disk/space.py)
 
 
-@pytest.mark.parametrize("where", ["record-cut", "record-flip", "slot-offset"])
+@pytest.mark.parametrize("where", ["record-cut", "record-flip", "slot-offset", "slot-length"])
 def test_a_damaged_record_or_slot_is_a_counted_miss(tmp_path: Path, where: str) -> None:
     store = DiskStore(tmp_path / "c")
     keys = in_shard(SHARD, 3, "d")
@@ -221,7 +221,10 @@ def test_a_damaged_record_or_slot_is_a_counted_miss(tmp_path: Path, where: str) 
             for at in range(64 + 8, len(slots), 32)
             if slots[at : at + 8] == record.to_bytes(8, "little")
         )
-        slots[at : at + 8] = (record + 7).to_bytes(8, "little")
+        if where == "slot-offset":
+            slots[at : at + 8] = (record + 7).to_bytes(8, "little")
+        else:  # a length no put writes: nothing may allocate it
+            slots[at + 8 : at + 12] = b"\xff\xff\xff\xff"
         index.write_bytes(bytes(slots))
     reader = DiskStore(tmp_path / "c")
     assert reader.get(victim) is None

@@ -158,8 +158,11 @@ class _Shard:
         return -1
 
     def slot(self, i: int) -> tuple[int, int, int, int, int]:
+        """``(hash, offset, length, flags, clock)``; a length no put writes (a damaged slot)
+        reads as 0, so that nothing allocates what it claims: the record then fails its
+        verification, a counted miss."""
         h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
-        return h, offset, length, flags, clock
+        return h, offset, length if length <= PACK_MAX else 0, flags, clock
 
     def insert(self, h: int, offset: int, length: int, clock: int) -> None:
         """Fill the first empty slot of ``h``'s chain; the hash goes in last (readers)."""
@@ -183,7 +186,7 @@ class _Shard:
             _SLOT.iter_unpack(self.mm[_HEADER.size : _HEADER.size + self.slots * _SLOT.size])
         ):
             if h > _TOMB:
-                yield i, h, offset, length, clock
+                yield i, h, offset, length if length <= PACK_MAX else 0, clock
 
     def close(self, _close: Callable[[int], None] = os.close) -> None:
         # os.close bound now: __del__ may run at interpreter exit, after os is gone.
