@@ -412,6 +412,8 @@ class Packs:
         old = s.find(h)
         written = os.pwritev(s.data, parts, end)
         if self.durable:
+            # The record is on disk before its slot can be (the guarantee a file's fsync
+            # before its rename gives): after a power loss the entry is whole or absent.
             os.fsync(s.data)
         if written != size:
             raise OSError(f"short write to the pack of shard {shard}")
@@ -422,8 +424,6 @@ class Packs:
             s.kill(old)
             live, dead = live - replaced, dead + replaced
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
-        if self.durable:
-            s.mm.flush()  # msync: the slot survives a power loss too, as a renamed file would
         if dead > max(live + size, _DEAD_MIN):
             self._compact(s, grow=False)
         return replaced
