@@ -7,7 +7,7 @@ small entries now live in per-shard packs (stores/disk/pack.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from kernelcache.stores.disk import DiskStore
@@ -24,15 +24,22 @@ def stored_keys(root: str | os.PathLike[str]) -> list[str]:
         store.close()
 
 
-def damage_every_entry(root: str | os.PathLike[str], change: Callable[[bytes], bytes]) -> int:
-    """Replace each entry's stored bytes by ``change`` of them, in place (a file, or a
-    packed record of the same length); how many were damaged."""
+def damage_every_entry(
+    root: str | os.PathLike[str],
+    change: Callable[[bytes], bytes],
+    keys: Collection[str] | None = None,
+) -> int:
+    """Replace each entry's stored bytes (of ``keys`` only, if given) by ``change`` of
+    them, in place (a file, or a packed record of the same length); how many were damaged."""
     store = DiskStore(root, read_only=True)
     damaged = 0
     try:
         for info in store.scan():
+            if keys is not None and info.key not in keys:
+                continue
             if not info.extra.get("packed"):
                 path = Path(info.extra["path"])
+                path.chmod(0o600)
                 path.write_bytes(change(path.read_bytes()))
             else:
                 (data,) = Path(info.extra["path"]).parent.glob(
