@@ -49,7 +49,7 @@ from kernelcache import _fs
 from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo
-from kernelcache.stores.disk.layout import Found, shard_of
+from kernelcache.stores.disk.layout import SHARDS, Found, shard_of, shards
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -69,15 +69,21 @@ _RETIRED_AT = 8
 _CLOCK_AT = 24  # within a slot
 _EMPTY = 0
 _TOMB = 1
-_FIRST_SLOTS = 1024
+_FIRST_SLOTS = 64
 #: An index is rebuilt (larger) when this fraction of its slots was ever used.
 _MAX_LOAD = 0.6
-#: Compaction runs when dead bytes exceed the live ones and this many bytes: a shard's
-#: pack holds at most that much beyond what the tier's counter (and cap) counts.
-_DEAD_MIN = 1 << 16
+#: Compaction runs when a shard's dead bytes exceed an eighth of its live ones and this
+#: many bytes (each live byte is then copied about once per 8 bytes removed), or, on a
+#: capped tier, its share of _CAP_SLACK of the cap. Dead bytes are outside the tier's
+#: counter (an eviction frees what it removes at once); indexes are in it (drain()).
+_DEAD_MIN = 1 << 14
+#: All packs' dead bytes together stay under this fraction of the cap: the margin that
+#: eviction leaves below the cap (space.LOW_WATER), so the cap holds on disk.
+_CAP_SLACK = 0.01
 #: Where the key's length lies in an entry's prefix (entry_format._PREFIX: magic, 3 x u16).
 _KEY_LEN_AT = 14
 _OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+_SHARD_NAMES = shards()
 
 
 #: Every Packs of this process: a forked child forgets their open shards (it shares the
@@ -91,6 +97,10 @@ def _forget_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _index_size(slots: int) -> int:
+    return _HEADER.size + slots * _SLOT.size
 
 
 def key_hash(key: str) -> int:
@@ -207,12 +217,23 @@ class Packs:
     read-only tier maps indexes read-only and never writes a clock.
     """
 
-    def __init__(self, layout: Layout, *, read_only: bool, durable: bool = False) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        *,
+        read_only: bool,
+        durable: bool = False,
+        max_bytes: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.layout = layout
         self.folder = f"{layout.base}/packs"
         self.read_only = read_only
         self.durable = durable
+        self._max_bytes = max_bytes
         self._shards: dict[str, _Shard | None] = {}
+        #: Bytes the pack files grew by beyond the live records the caller counts (indexes,
+        #: dead records), not yet added to the tier's counter: see drain().
+        self._owed = 0
         _ALL.add(self)
 
     # Opening -------------------------------------------------------------
@@ -308,6 +329,36 @@ class Packs:
         """Make an empty pack for shard ``name`` (under the space lock)."""
         self._dir_ok(create=True)
         self._write(name, 1, [], slots)
+        self._owed += _index_size(slots)
+
+    def drain(self) -> int:
+        """Bytes the packs' indexes grew (negative: shrank) by since the last call. The space
+        lock's holder adds them to the counter: what the counter counts of a pack is its
+        index and its live records."""
+        owed, self._owed = self._owed, 0
+        return owed
+
+    def overhead(self) -> int:
+        """Bytes of every shard's index (a recount adds them to the records')."""
+        total = 0
+        for name in _SHARD_NAMES:
+            s = self.shard(name)
+            if s is not None:
+                total += _index_size(s.slots)
+        return total
+
+    def drop_empty(self) -> None:
+        """Remove the packs that hold no live record (``clear``; under the space lock)."""
+        for name in _SHARD_NAMES:
+            s = self.shard(name)
+            if s is None or s.header()[5] != 0:
+                continue
+            s.mm[_RETIRED_AT] = 1
+            for path in (f"{self.folder}/{name}.idx", f"{self.folder}/{name}.{s.header()[2]}.dat"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            self._owed -= _index_size(s.slots)
+            self._shards[name] = None
 
     def _write(
         self, name: str, gen: int, records: list[tuple[int, bytes, int]], slots: int
@@ -390,6 +441,12 @@ class Packs:
                 found.append(Record(key, offset, length, clock))
         return found
 
+    def _dead_limit(self, live: int) -> int:
+        """How many dead bytes a shard whose records hold ``live`` bytes may keep."""
+        limit = max(live // 8, _DEAD_MIN)
+        cap = self._max_bytes()
+        return limit if cap is None else min(limit, int(cap * _CAP_SLACK / SHARDS))
+
     def found(self, shard: str) -> list[Found]:
         """:meth:`records` as a scan of the shard lists them."""
         return [
@@ -424,7 +481,7 @@ class Packs:
             s.kill(old)
             live, dead = live - replaced, dead + replaced
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
-        if dead > max(live + size, _DEAD_MIN):
+        if dead > self._dead_limit(live + size):
             self._compact(s, grow=False)
         return replaced
 
@@ -442,7 +499,7 @@ class Packs:
         s.kill(i)
         _retired, slots, gen, end, used, live, dead = s.header()
         s.set_header((0, slots, gen, end, used, live - length, dead + length))
-        if dead + length > max(live - length, _DEAD_MIN):
+        if dead + length > self._dead_limit(live - length):
             self._compact(s, grow=False)
         return length
 
@@ -481,6 +538,7 @@ class Packs:
         gen = s.header()[2]
         self._write(s.name, gen + 1, kept, slots)
         s.mm[_RETIRED_AT] = 1  # after the rename: whoever sees it finds the new index
+        self._owed += _index_size(slots) - _index_size(s.slots)
         for name in os.listdir(self.folder):  # this generation's, and any a crash left
             stem, _, rest = name.partition(".")
             if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":

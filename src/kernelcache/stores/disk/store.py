@@ -141,7 +141,9 @@ class DiskStore(Store):
         self.packs = (
             None
             if self.filesystem.network
-            else Packs(self.layout, read_only=read_only, durable=durable)
+            else Packs(
+                self.layout, read_only=read_only, durable=durable, max_bytes=lambda: self.max_bytes
+            )
         )
         self.space.packs = self.packs
         self.unusable = None
@@ -575,6 +577,7 @@ class DiskStore(Store):
             for f in found:
                 if self._guard(functools.partial(self.space.remove, f.key, f.ino, f.record)):
                     removed += 1
+        self._guard(self.space.drop_empty_packs)
         self._guard(self.space.recount)  # and extraction folders of no entry go too
         return removed
 
