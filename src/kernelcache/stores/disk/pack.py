@@ -75,7 +75,7 @@ _MAX_LOAD = 0.6
 #: Compaction runs when a shard's dead bytes exceed an eighth of its live ones and this
 #: many bytes (each live byte is then copied about once per 8 bytes removed), or, on a
 #: capped tier, its share of _CAP_SLACK of the cap. Dead bytes are outside the tier's
-#: counter (an eviction frees what it removes at once); indexes are in it (drain()).
+#: counter (an eviction frees what it removes at once), as are indexes (32 B a slot).
 _DEAD_MIN = 1 << 14
 #: All packs' dead bytes together stay under this fraction of the cap: the margin that
 #: eviction leaves below the cap (space.LOW_WATER), so the cap holds on disk.
@@ -231,9 +231,6 @@ class Packs:
         self.durable = durable
         self._max_bytes = max_bytes
         self._shards: dict[str, _Shard | None] = {}
-        #: Bytes the pack files grew by beyond the live records the caller counts (indexes,
-        #: dead records), not yet added to the tier's counter: see drain().
-        self._owed = 0
         _ALL.add(self)
 
     # Opening -------------------------------------------------------------
@@ -329,23 +326,6 @@ class Packs:
         """Make an empty pack for shard ``name`` (under the space lock)."""
         self._dir_ok(create=True)
         self._write(name, 1, [], slots)
-        self._owed += _index_size(slots)
-
-    def drain(self) -> int:
-        """Bytes the packs' indexes grew (negative: shrank) by since the last call. The space
-        lock's holder adds them to the counter: what the counter counts of a pack is its
-        index and its live records."""
-        owed, self._owed = self._owed, 0
-        return owed
-
-    def overhead(self) -> int:
-        """Bytes of every shard's index (a recount adds them to the records')."""
-        total = 0
-        for name in _SHARD_NAMES:
-            s = self.shard(name)
-            if s is not None:
-                total += _index_size(s.slots)
-        return total
 
     def drop_empty(self) -> None:
         """Remove the packs that hold no live record (``clear``; under the space lock)."""
@@ -357,7 +337,6 @@ class Packs:
             for path in (f"{self.folder}/{name}.idx", f"{self.folder}/{name}.{s.header()[2]}.dat"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-            self._owed -= _index_size(s.slots)
             self._shards[name] = None
 
     def _write(
@@ -538,7 +517,6 @@ class Packs:
         gen = s.header()[2]
         self._write(s.name, gen + 1, kept, slots)
         s.mm[_RETIRED_AT] = 1  # after the rename: whoever sees it finds the new index
-        self._owed += _index_size(slots) - _index_size(s.slots)
         for name in os.listdir(self.folder):  # this generation's, and any a crash left
             stem, _, rest = name.partition(".")
             if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":

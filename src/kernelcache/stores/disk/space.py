@@ -207,8 +207,6 @@ class Space:
             except OSError:
                 tally.add(-size, -1)  # nothing was published (the slot is filled last)
                 raise
-            finally:
-                tally.add(self.packs.drain(), 0)  # a new or grown index (pack.py)
             if replaced >= 0:
                 tally.add(-replaced, -1)
             self.remove_file_locked(tally, key, shard, None)
@@ -216,10 +214,7 @@ class Space:
 
     def _unpack(self, tally: Tally, key: str, shard: str, expect_offset: int | None = None) -> bool:
         assert self.packs is not None
-        try:
-            freed = self.packs.remove(key, shard, expect_offset)
-        finally:
-            tally.add(self.packs.drain(), 0)  # an index a compaction resized
+        freed = self.packs.remove(key, shard, expect_offset)
         if freed < 0:
             return False
         freed += self.take_folder(self.layout.key_folder(key, shard))
@@ -417,10 +412,7 @@ class Space:
         if candidate.ino == 0:  # a packed entry (Found.ino): gone if unused since the scan
             freed = -1
             if self.packs is not None:
-                try:
-                    freed = self.packs.evict(candidate.key, candidate.shard, candidate.mtime_ns)
-                finally:
-                    tally.add(self.packs.drain(), 0)
+                freed = self.packs.evict(candidate.key, candidate.shard, candidate.mtime_ns)
             if freed >= 0:
                 freed += self.take_folder(self.layout.key_folder(candidate.key, candidate.shard))
                 tally.add(-freed, -1)
@@ -452,9 +444,6 @@ class Space:
                 self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
             count += len(found)
-        if self.packs is not None:
-            self.packs.drain()  # what was owed is in the recount
-            size += self.packs.overhead()
         tally.set(size, count)
         return count, size
 
@@ -484,16 +473,13 @@ class Space:
             found, _orphans = self.scan(shard)
             size += sum(f.size for f in found)
             count += len(found)
-        if self.packs is not None:
-            size += self.packs.overhead()
         return count, size
 
     def drop_empty_packs(self) -> None:
         """Remove the packs that hold no entry any more (``clear``), and uncount them."""
         if self.packs is not None:
-            with self.locked() as tally:
+            with self.locked():
                 self.packs.drop_empty()
-                tally.add(self.packs.drain(), 0)
 
     def close(self) -> None:
         self.lock.close()
