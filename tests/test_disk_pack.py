@@ -20,7 +20,7 @@ import pytest
 
 from kernelcache import Entry, Settings, StoreError
 from kernelcache.stores.disk import DiskStore, shard_of
-from kernelcache.stores.disk.pack import PACK_MAX
+from kernelcache.stores.disk.packindex import PACK_MAX
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 SHARD = "3"

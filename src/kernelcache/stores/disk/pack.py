@@ -9,8 +9,8 @@ reads an inline SQLite row through a mapping and was 1.3x faster on 4 KB entries
     v1/packs/<s>.idx          index: header + open-addressing slots, mapped MAP_SHARED
     v1/packs/<s>.<gen>.dat    records: packed entries (kernelcache.entry format), appended
 
-A slot is ``(key hash, offset, length, flags, clock)``; the clock (ns) is the
-entry's last use, the LRU order's mtime. A hit is a probe of the mapping (no
+A slot is ``(key hash, offset, length, flags, clock)`` (the index's format:
+:mod:`.packindex`); the clock (ns) is the entry's last use, the LRU order's mtime. A hit is a probe of the mapping (no
 system call) and one ``pread``; the record carries its key and checksums, and
 is verified as an entry file is, so a torn or foreign record is a counted miss.
 
@@ -43,32 +43,24 @@ import time
 import weakref
 from typing import TYPE_CHECKING, NamedTuple
 
-import xxhash
-
 from kernelcache import _fs
 from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo
 from kernelcache.stores.disk.layout import SHARDS, Found, shard_of, shards
+from kernelcache.stores.disk.packindex import (
+    HEADER_SIZE,
+    ShardIndex,
+    build_index,
+    generation,
+    key_hash,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
 
     from kernelcache.stores.disk.layout import Layout
 
-#: Entries packed in at most this many bytes go in packs; larger ones stay files
-#: (one pread of a big file is as fast as from a pack, and extraction wants files).
-PACK_MAX = 16384
-MAGIC = b"KCPACKI1"
-#: magic, retired, slots, generation, end of data, used slots, live bytes, dead bytes
-_HEADER = struct.Struct("<8sQQQQQQQ")
-_SLOT = struct.Struct("<QQIIQ")  # key hash, offset, length, flags, clock (ns)
-_HASH = struct.Struct("<Q")
-_CLOCK = struct.Struct("<Q")
-_RETIRED_AT = 8
-_CLOCK_AT = 24  # within a slot
-_EMPTY = 0
-_TOMB = 1
 _FIRST_SLOTS = 64
 #: An index is rebuilt (larger) when this fraction of its slots was ever used.
 _MAX_LOAD = 0.6
@@ -99,16 +91,6 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _index_size(slots: int) -> int:
-    return _HEADER.size + slots * _SLOT.size
-
-
-def key_hash(key: str) -> int:
-    """The slot hash of ``key``: never 0 (empty) or 1 (tombstone)."""
-    h = xxhash.xxh3_64_intdigest(key.encode())
-    return h if h > _TOMB else h + 2
-
-
 def file_problem(st: os.stat_result) -> str | None:
     """Why a pack file with status ``st`` must not be trusted (the rule of the tier's folders)."""
     if not stat.S_ISREG(st.st_mode):
@@ -127,87 +109,6 @@ class Record(NamedTuple):
     offset: int
     length: int
     clock_ns: int
-
-
-class _Shard:
-    """One shard's open index (mapped) and data file."""
-
-    __slots__ = ("data", "ino", "mask", "mm", "name", "slots", "writable")
-
-    def __init__(self, name: str, mm: mmap.mmap, data: int, ino: int, writable: bool) -> None:
-        self.name = name
-        self.mm = mm
-        self.data = data
-        self.ino = ino
-        self.slots = _HEADER.unpack_from(mm, 0)[2]
-        self.mask = self.slots - 1
-        self.writable = writable
-
-    @property
-    def retired(self) -> bool:
-        return self.mm[_RETIRED_AT] != 0
-
-    def header(self) -> list[int]:
-        return list(_HEADER.unpack_from(self.mm, 0)[1:])
-
-    def set_header(self, fields: Sequence[int]) -> None:
-        _HEADER.pack_into(self.mm, 0, MAGIC, *fields)
-
-    def find(self, h: int) -> int:
-        """The slot number holding hash ``h``, or -1."""
-        mm, mask = self.mm, self.mask
-        i = (h >> 4) & mask
-        for _ in range(self.slots):
-            at = _HEADER.size + i * _SLOT.size
-            found: int = _HASH.unpack_from(mm, at)[0]
-            if found == h:
-                return int(i)
-            if found == _EMPTY:
-                return -1
-            i = (i + 1) & mask
-        return -1
-
-    def slot(self, i: int) -> tuple[int, int, int, int, int]:
-        """``(hash, offset, length, flags, clock)``; a length no put writes (a damaged slot)
-        reads as 0, so that nothing allocates what it claims: the record then fails its
-        verification, a counted miss."""
-        h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
-        return h, offset, length if length <= PACK_MAX else 0, flags, clock
-
-    def insert(self, h: int, offset: int, length: int, clock: int) -> None:
-        """Fill the first empty slot of ``h``'s chain; the hash goes in last (readers)."""
-        mm, mask = self.mm, self.mask
-        i = (h >> 4) & mask
-        while _HASH.unpack_from(mm, _HEADER.size + i * _SLOT.size)[0] != _EMPTY:
-            i = (i + 1) & mask
-        at = _HEADER.size + i * _SLOT.size
-        mm[at + 8 : at + _SLOT.size] = _SLOT.pack(0, offset, length, 0, clock)[8:]
-        _HASH.pack_into(mm, at, h)
-
-    def kill(self, i: int) -> None:
-        _HASH.pack_into(self.mm, _HEADER.size + i * _SLOT.size, _TOMB)
-
-    def touch(self, i: int, clock: int) -> None:
-        _CLOCK.pack_into(self.mm, _HEADER.size + i * _SLOT.size + _CLOCK_AT, clock)
-
-    def live(self) -> Iterator[tuple[int, int, int, int, int]]:
-        """``(slot, hash, offset, length, clock)`` of every live slot."""
-        for i, (h, offset, length, _flags, clock) in enumerate(
-            _SLOT.iter_unpack(self.mm[_HEADER.size : _HEADER.size + self.slots * _SLOT.size])
-        ):
-            if h > _TOMB:
-                yield i, h, offset, length if length <= PACK_MAX else 0, clock
-
-    def close(self, _close: Callable[[int], None] = os.close) -> None:
-        # os.close bound now: __del__ may run at interpreter exit, after os is gone.
-        if self.data >= 0:
-            with contextlib.suppress(BufferError):  # a view still exported: freed with it
-                self.mm.close()
-            _close(self.data)
-            self.data = -1
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class Packs:
@@ -230,7 +131,7 @@ class Packs:
         self.read_only = read_only
         self.durable = durable
         self._max_bytes = max_bytes
-        self._shards: dict[str, _Shard | None] = {}
+        self._shards: dict[str, ShardIndex | None] = {}
         _ALL.add(self)
 
     # Opening -------------------------------------------------------------
@@ -240,7 +141,7 @@ class Packs:
         except OSError:
             return False
 
-    def shard(self, name: str, create: bool = False) -> _Shard | None:
+    def shard(self, name: str, create: bool = False) -> ShardIndex | None:
         """The open pack of shard ``name`` (reopened if it was retired), or ``None``."""
         s = self._shards.get(name)
         if s is not None and not s.retired:
@@ -274,7 +175,7 @@ class Packs:
         self._shards.pop(name, None)  # looked up afresh by the next shard()
         return True
 
-    def _attach(self, name: str) -> _Shard | None:
+    def _attach(self, name: str) -> ShardIndex | None:
         if not self._dir_ok(create=False):
             return None
         writable = not self.read_only
@@ -297,15 +198,15 @@ class Packs:
             return None
         try:
             st = os.fstat(fd)
-            if file_problem(st) is not None or st.st_size < _HEADER.size:
+            if file_problem(st) is not None or st.st_size < HEADER_SIZE:
                 self.layout.refused()
                 return None
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             mm = mmap.mmap(fd, st.st_size, access=access)
         finally:
             os.close(fd)
-        magic, _retired, slots, gen, *_rest = _HEADER.unpack_from(mm, 0)
-        if magic != MAGIC or slots & (slots - 1) or _HEADER.size + slots * _SLOT.size > len(mm):
+        gen = generation(mm)
+        if gen is None:
             mm.close()
             self.layout.refused()  # not an index of this format: damaged or foreign
             return None
@@ -320,7 +221,7 @@ class Packs:
             mm.close()
             self.layout.refused()
             return None
-        return _Shard(name, mm, data, st.st_ino, writable)
+        return ShardIndex(name, mm, data, st.st_ino, writable)
 
     def _create(self, name: str, slots: int = _FIRST_SLOTS) -> None:
         """Make an empty pack for shard ``name`` (under the space lock)."""
@@ -333,7 +234,7 @@ class Packs:
             s = self.shard(name)
             if s is None or s.header()[5] != 0:
                 continue
-            s.mm[_RETIRED_AT] = 1
+            s.retire()
             for path in (f"{self.folder}/{name}.idx", f"{self.folder}/{name}.{s.header()[2]}.dat"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -348,20 +249,9 @@ class Packs:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(data_path)  # left by a compaction that died
         _fs.write_new(data_path, [r[1] for r in records], durable=self.durable)
-        index = bytearray(_HEADER.size + slots * _SLOT.size)
-        mask = slots - 1
-        offset = live = 0
-        for h, raw, clock in records:
-            i = (h >> 4) & mask
-            while _HASH.unpack_from(index, _HEADER.size + i * _SLOT.size)[0] != _EMPTY:
-                i = (i + 1) & mask
-            _SLOT.pack_into(index, _HEADER.size + i * _SLOT.size, h, offset, len(raw), 0, clock)
-            offset += len(raw)
-            live += len(raw)
-        _HEADER.pack_into(index, 0, MAGIC, 0, slots, gen, offset, len(records), live, 0)
         _fs.write_atomic(
             f"{self.folder}/{name}.idx",
-            bytes(index),
+            build_index([(h, len(raw), clock) for h, raw, clock in records], slots, gen),
             staging=self.layout.staging,
             durable=self.durable,
         )
@@ -504,7 +394,7 @@ class Packs:
             s.touch(i, time.time_ns())
         return True
 
-    def _compact(self, s: _Shard, grow: bool) -> _Shard:
+    def _compact(self, s: ShardIndex, grow: bool) -> ShardIndex:
         """Rewrite ``s``'s live records into a new generation; the old index is retired."""
         kept = []
         for _i, h, offset, length, clock in s.live():
@@ -516,7 +406,7 @@ class Packs:
             slots *= 2
         gen = s.header()[2]
         self._write(s.name, gen + 1, kept, slots)
-        s.mm[_RETIRED_AT] = 1  # after the rename: whoever sees it finds the new index
+        s.retire()  # after the rename: whoever sees it finds the new index
         for name in os.listdir(self.folder):  # this generation's, and any a crash left
             stem, _, rest = name.partition(".")
             if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":

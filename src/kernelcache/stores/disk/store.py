@@ -49,7 +49,8 @@ from kernelcache.stores.disk.layout import (
     shards,
     tree_size,
 )
-from kernelcache.stores.disk.pack import PACK_MAX, Packs, info_of_packed
+from kernelcache.stores.disk.pack import Packs, info_of_packed
+from kernelcache.stores.disk.packindex import PACK_MAX
 from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
