@@ -21,6 +21,7 @@ import pytest
 from kernelcache import Entry, StoreError
 from kernelcache.stores.disk import DiskStore, shard_of
 from kernelcache.stores.disk import pack as pack_module
+from kernelcache.stores.disk.space import Space
 
 SHARD = "3"
 HEADER = 64  # pack.py: magic, retired, slots, generation, end, used, live, dead
@@ -185,6 +186,40 @@ def test_a_compaction_killed_before_retiring_leaves_no_stale_entry(tmp_path: Pat
     holder.put(other, entry(other))  # the holder writes (and compacts) its old index
     assert DiskStore(root).get(old) is None  # the deletion must not be undone
     assert DiskStore(root).get(other) == entry(other)
+
+
+# A writer killed between its append and removing the key's old entry file ------------
+
+
+def _pack_then_die_before_removing_the_file(root: str, key: str) -> None:
+    def die(*_args: object) -> bool:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return False
+
+    Space.remove_file_locked = die  # type: ignore[method-assign,assignment]
+    DiskStore(root).put(key, entry(key, 3000))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a kill between publish_packed's append and its removal of the key's entry file "
+    "leaves both: get() serves the packed one, but scan_shard and info() see only the file, "
+    "so ls/show/clear/prune/verify act on the file and the packed version outlives a clear",
+)
+def test_a_clear_after_a_killed_packed_replace_of_a_file_leaves_nothing(tmp_path: Path) -> None:
+    root = str(tmp_path / "c")
+    (key,) = in_shard(SHARD, 1, "p")
+    DiskStore(root).put(key, entry(key, 40_000))  # a file
+    child = multiprocessing.get_context("spawn").Process(
+        target=_pack_then_die_before_removing_the_file, args=(root, key)
+    )
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+    store = DiskStore(root)
+    assert store.get(key) == entry(key, 3000)  # the packed version is what hits
+    store.clear()
+    assert DiskStore(root).get(key) is None  # cleared: nothing may hit
 
 
 # A writer killed between filling the slot and updating the header ----------------------
