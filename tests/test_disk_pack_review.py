@@ -21,10 +21,11 @@ import pytest
 from kernelcache import Entry, StoreError, maintenance
 from kernelcache.stores.disk import DiskStore, shard_of
 from kernelcache.stores.disk import pack as pack_module
+from kernelcache.stores.disk import packindex
 from kernelcache.stores.disk.space import Space
 
 SHARD = "3"
-HEADER = 64  # pack.py: magic, retired, slots, generation, end, used, live, dead
+HEADER = 64  # packindex.py: magic, retired, slots, generation, end, used, live, dead
 SLOT = 32  # key hash, offset, length, flags, clock
 
 
@@ -262,7 +263,7 @@ def _put_then_die_before_header(root: str, key: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     store = DiskStore(root)
-    pack_module._Shard.set_header = die  # type: ignore[method-assign]  # noqa: SLF001
+    packindex.ShardIndex.set_header = die  # type: ignore[method-assign]
     store.put(key, entry(key, 3000))
 
 
