@@ -19,9 +19,8 @@ from types import FrameType
 import pytest
 
 from kernelcache import Entry, StoreError, maintenance
-from kernelcache.stores.disk import DiskStore, shard_of
+from kernelcache.stores.disk import DiskStore, packindex, shard_of
 from kernelcache.stores.disk import pack as pack_module
-from kernelcache.stores.disk import packindex
 from kernelcache.stores.disk.space import Space
 
 SHARD = "3"
@@ -61,12 +60,6 @@ def slot_at(index: bytes | bytearray, offset: int) -> int:
 # A pack made by another process after this one missed in the shard -------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Packs.shard() caches 'no pack' after a miss; only get() looks again (stale()), "
-    "so info/scan/ls/clear/recount of that process never see the shard's pack (and its "
-    "recount takes the extracted copies of the packed entries as orphans)",
-)
 def test_a_pack_made_after_a_miss_is_seen_by_info_scan_clear_and_recount(
     tmp_path: Path,
 ) -> None:
@@ -89,12 +82,6 @@ def test_a_pack_made_after_a_miss_is_seen_by_info_scan_clear_and_recount(
     assert reader.clear() == len(keys)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Packs.shard() caches 'no pack' after a miss: that process's put of a large "
-    "version (a file) and its delete never remove the packed version another process made, "
-    "so every get keeps returning the old packed bytes",
-)
 def test_a_replace_or_delete_after_a_miss_removes_the_version_another_process_packed(
     tmp_path: Path,
 ) -> None:

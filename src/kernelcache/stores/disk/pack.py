@@ -141,14 +141,16 @@ class Packs:
         except OSError:
             return False
 
-    def shard(self, name: str, create: bool = False) -> ShardIndex | None:
-        """The open pack of shard ``name`` (reopened if it was retired), or ``None``."""
+    def shard(self, name: str, create: bool = False, hit: bool = False) -> ShardIndex | None:
+        """The open pack of shard ``name`` (reopened if it was retired), or ``None``.
+        ``hit``: a get's lookup, which may trust a shard known to have no pack."""
         s = self._shards.get(name)
         if s is not None and not s.retired:
             return s
-        if s is None and name in self._shards and not create:
+        if s is None and name in self._shards and hit:
             # Known absent (or refused): a hit of a file must not pay a lookup for a pack
-            # each time. A miss looks again (stale), a put makes one.
+            # each time; its miss looks again (stale). Anything else (writers, listings,
+            # removals) looks now: another process may have made the pack since.
             return None
         if s is not None:
             # Not closed here: another thread may be reading it (a closed fd's number
@@ -264,7 +266,7 @@ class Packs:
         (not packed). :class:`CorruptEntry` if the record fails verification. A hit
         moves the entry up the LRU order if it was last used over ``touch_after``
         seconds ago (rate-limited like a file's mtime: most hits write nothing)."""
-        s = self.shard(shard)
+        s = self.shard(shard, hit=True)
         if s is None:
             return None
         i = s.find(key_hash(key))
