@@ -376,11 +376,6 @@ def _hung(_signum: int, _frame: FrameType | None) -> None:
     raise _Hung
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a header with slots == 0 passes _attach's check (0 & -1 == 0): get misses "
-    "silently, and a put loops forever in _compact (0 * 2 == 0) holding the tier's lock",
-)
 def test_an_index_header_with_no_slots_is_refused_and_puts_go_on(tmp_path: Path) -> None:
     root = tmp_path / "c"
     store = DiskStore(root)
@@ -437,11 +432,6 @@ def test_a_link_where_the_packs_folder_belongs_is_refused_and_replaced(tmp_path:
 # The cap: dead bytes -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compaction waits for dead > max(live, 64 KB): a pack may hold as many dead "
-    "bytes as live ones, uncounted, so a full tier's packs reach about twice the cap",
-)
 def test_replacing_every_entry_of_a_full_tier_keeps_the_packs_near_the_cap(
     tmp_path: Path,
 ) -> None:
