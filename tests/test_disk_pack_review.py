@@ -160,9 +160,9 @@ def test_clear_and_prune_remove_a_whole_shard_across_its_compaction(
 # A compaction killed between its rename and the retired flag ---------------------------
 
 
-def _compact_then_die(root: str, key: str) -> None:
+def _compact_then_die(root: str, key: str, before_rename: bool = False) -> None:
     """Replace ``key`` until its shard's pack is compacted; die (SIGKILL) right after the
-    new index is renamed over the old one, before the old one is marked retired."""
+    new index is renamed over the old one (or right before, ``before_rename``)."""
     write = pack_module.Packs._write  # noqa: SLF001
 
     def write_then_die(
@@ -172,6 +172,8 @@ def _compact_then_die(root: str, key: str) -> None:
         records: list[tuple[int, bytes, int]],
         slots: int,
     ) -> None:
+        if gen > 1 and before_rename:
+            os.kill(os.getpid(), signal.SIGKILL)
         write(self, name, gen, records, slots)
         if gen > 1:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -182,20 +184,17 @@ def _compact_then_die(root: str, key: str) -> None:
         store.put(key, entry(key, 4000 - i % 2))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a compaction killed after its rename leaves the old index unretired: a process "
-    "holding it keeps serving what others delete, and its next write compacts that old "
-    "index over the new one, bringing deleted entries back (stale entry)",
-)
-def test_a_compaction_killed_before_retiring_leaves_no_stale_entry(tmp_path: Path) -> None:
+@pytest.mark.parametrize("before_rename", [False, True], ids=["after-rename", "before-rename"])
+def test_a_compaction_killed_before_retiring_leaves_no_stale_entry(
+    tmp_path: Path, before_rename: bool
+) -> None:
     root = str(tmp_path / "c")
     old, other, churn = in_shard(SHARD, 3, "r")
     holder = DiskStore(root)  # a long-lived process: the shard's index stays open
     holder.put(old, entry(old))
     assert holder.get(old) == entry(old)
     child = multiprocessing.get_context("spawn").Process(
-        target=_compact_then_die, args=(root, churn)
+        target=_compact_then_die, args=(root, churn, before_rename)
     )
     child.start()
     child.join(120)

@@ -21,10 +21,14 @@ replaced or removed record's slot gets the tombstone hash. A writer killed
 mid-append leaves bytes past ``end`` that the next append overwrites.
 
 Removed records are dead bytes until compaction rewrites the live ones into
-``<s>.<gen+1>.dat`` with a new index (grown if needed), renames it over
-``<s>.idx`` and sets the old index's ``retired`` flag: every process checks
+``<s>.<gen+1>.dat`` with a new index (grown if needed), sets the old index's
+``retired`` flag and renames the new one over ``<s>.idx``: every process checks
 that flag (one byte of the mapping) before using an index, and reopens. A
-reader that still holds the old data file reads valid old records.
+reader that still holds the old data file reads valid old records. The flag
+goes first, so a compaction killed at any point leaves no process serving a
+replaced index; one killed before its rename leaves the flag on the index in
+place, which the next writer clears (a writer also retires an index it holds
+that is no longer ``<s>.idx``, compared by inode under the lock).
 
 Trust: the pack files must be regular files of this user (or root), writable
 by no one else, as the tier's directories must; otherwise they are refused
@@ -163,6 +167,27 @@ class Packs:
         self._shards[name] = s
         return s
 
+    def locked_shard(self, name: str, create: bool = False) -> ShardIndex | None:
+        """:meth:`shard` for a writer (under the space lock): the index at ``<name>.idx``
+        now. One this process holds that is no longer there (replaced by a compaction
+        killed before it retired it) is retired first, so that no process serves or
+        compacts it again; a retired flag on the index that is there (a compaction killed
+        before its rename) is cleared."""
+        s = self._shards.get(name)
+        if s is not None and not s.retired:
+            try:
+                ino = os.stat(f"{self.folder}/{name}.idx", follow_symlinks=False).st_ino
+            except OSError:
+                ino = -1
+            if ino != s.ino:
+                if s.writable:
+                    s.retire()
+                del self._shards[name]
+        s = self.shard(name, create)
+        if s is not None and s.retired and s.writable:
+            s.retire(False)
+        return s
+
     def stale(self, name: str) -> bool:
         """Whether shard ``name``'s index file is not the one this process has open
         (made by another process since, or replaced by a compaction that died before
@@ -233,7 +258,7 @@ class Packs:
     def drop_empty(self) -> None:
         """Remove the packs that hold no live record (``clear``; under the space lock)."""
         for name in _SHARD_NAMES:
-            s = self.shard(name)
+            s = self.locked_shard(name)
             if s is None or s.header()[5] != 0:
                 continue
             s.retire()
@@ -329,7 +354,7 @@ class Packs:
     def append(self, key: str, shard: str, parts: Sequence[bytes], size: int) -> int:
         """Publish ``key``'s packed entry; returns the bytes of the record it replaced
         (-1 if none). The caller counts."""
-        s = self.shard(shard, create=True)
+        s = self.locked_shard(shard, create=True)
         if s is None:
             raise OSError(f"the pack of shard {shard} is refused")
         _retired, slots, gen, end, used, live, dead = s.header()
@@ -358,7 +383,7 @@ class Packs:
 
     def remove(self, key: str, shard: str, expect_offset: int | None = None) -> int:
         """Drop ``key``'s record (if it is still at ``expect_offset``); its bytes, or -1."""
-        s = self.shard(shard)
+        s = self.locked_shard(shard)
         if s is None:
             return -1
         i = s.find(key_hash(key))
@@ -376,7 +401,7 @@ class Packs:
 
     def evict(self, key: str, shard: str, clock_ns: int) -> int:
         """Drop ``key``'s record if it was not used since ``clock_ns``; its bytes, or -1."""
-        s = self.shard(shard)
+        s = self.locked_shard(shard)
         if s is None:
             return -1
         i = s.find(key_hash(key))
@@ -386,7 +411,7 @@ class Packs:
 
     def used(self, key: str, shard: str) -> bool:
         """Whether ``key`` is packed; marks it used now (an extraction's entry stays)."""
-        s = self.shard(shard)
+        s = self.locked_shard(shard)
         if s is None:
             return False
         i = s.find(key_hash(key))
@@ -407,8 +432,15 @@ class Packs:
         while len(kept) + 1 > slots * _MAX_LOAD / 2 and grow:
             slots *= 2
         gen = s.header()[2]
-        self._write(s.name, gen + 1, kept, slots)
-        s.retire()  # after the rename: whoever sees it finds the new index
+        # Retired before the rename: a process that reopens meanwhile finds the old index
+        # (valid) and reopens again. A kill before the rename leaves the flag on the index
+        # in place (the next writer clears it); after it, no process keeps the old one.
+        s.retire()
+        try:
+            self._write(s.name, gen + 1, kept, slots)
+        except BaseException:
+            s.retire(False)
+            raise
         for name in os.listdir(self.folder):  # this generation's, and any a crash left
             stem, _, rest = name.partition(".")
             if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":

@@ -8,8 +8,8 @@ bytes): key hash, record offset, record length, flags, clock (ns, last use).
 A slot's hash is written last when it is filled, and replaced by the tombstone
 when its record goes, so a reader that finds a hash finds the rest of the slot
 written; it verifies the record it points to anyway. The retired flag is set in
-an index that a compaction replaced (renamed over): every process checks it
-before using its mapping, and reopens.
+an index that a compaction replaces (before its rename over it): every process
+checks it before using its mapping, and reopens.
 """
 
 from __future__ import annotations
@@ -95,9 +95,9 @@ class ShardIndex:
     def retired(self) -> bool:
         return self.mm[_RETIRED_AT] != 0
 
-    def retire(self) -> None:
+    def retire(self, retired: bool = True) -> None:
         """Mark this index replaced: every process that has it mapped reopens."""
-        self.mm[_RETIRED_AT] = 1
+        self.mm[_RETIRED_AT] = int(retired)
 
     def header(self) -> list[int]:
         return list(_HEADER.unpack_from(self.mm, 0)[1:])
