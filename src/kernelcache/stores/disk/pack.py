@@ -370,13 +370,17 @@ class Packs:
             os.fsync(s.data)
         if written != size:
             raise OSError(f"short write to the pack of shard {shard}")
-        s.insert(h, end, size, time.time_ns())
         replaced = -1
         if old >= 0:
             replaced = s.slot(old)[2]
-            s.kill(old)
             live, dead = live - replaced, dead + replaced
+        # The header first: a writer killed before the slot leaves dead bytes (live counts
+        # them until a compaction recounts), never a slot past ``end`` that the next
+        # append overwrites.
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
+        s.insert(h, end, size, time.time_ns())
+        if old >= 0:
+            s.kill(old)
         if dead > self._dead_limit(live + size):
             self._compact(s, grow=False)
         return replaced

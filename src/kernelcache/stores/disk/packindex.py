@@ -38,6 +38,7 @@ _CLOCK = struct.Struct("<Q")
 _RETIRED_AT = 8
 _CLOCK_AT = 24  # within a slot
 _EMPTY = 0
+_U64_MAX = (1 << 64) - 1
 _TOMB = 1
 
 
@@ -103,7 +104,9 @@ class ShardIndex:
         return list(_HEADER.unpack_from(self.mm, 0)[1:])
 
     def set_header(self, fields: Sequence[int]) -> None:
-        _HEADER.pack_into(self.mm, 0, MAGIC, *fields)
+        """Write the header's ``fields`` (after the magic), each clamped to a u64: counts of
+        a header a killed writer left off (live bytes low) never raise, they reach 0."""
+        _HEADER.pack_into(self.mm, 0, MAGIC, *(min(max(f, 0), _U64_MAX) for f in fields))
 
     def find(self, h: int) -> int:
         """The slot number holding hash ``h``, or -1."""
