@@ -409,6 +409,48 @@ def test_an_index_header_with_no_slots_is_refused_and_puts_go_on(tmp_path: Path)
     assert DiskStore(root).get(key) == entry(key)
 
 
+@pytest.mark.parametrize("slots", [1, 3, 1 << 40])
+def test_an_index_header_with_a_slot_count_no_index_has_is_refused(
+    tmp_path: Path, slots: int
+) -> None:
+    root = tmp_path / "c"
+    store = DiskStore(root)
+    (key,) = in_shard(SHARD, 1, "y")
+    store.put(key, entry(key))
+    index_path = packs(store) / f"{SHARD}.idx"
+    index = bytearray(index_path.read_bytes())
+    index[16:24] = slots.to_bytes(8, "little")
+    index_path.write_bytes(bytes(index))
+    reader = DiskStore(root)
+    assert reader.get(key) is None
+    assert reader.counters.refused >= 1
+
+
+def test_an_index_with_no_empty_slot_left_still_takes_puts(tmp_path: Path) -> None:
+    """A header whose used count is damaged (0) over slots all tombstones: a put's probe
+    for a free slot must end (it compacts, and grows, instead)."""
+    root = tmp_path / "c"
+    store = DiskStore(root)
+    first, second = in_shard(SHARD, 2, "t")
+    store.put(first, entry(first))
+    store.delete(first)
+    index_path = packs(store) / f"{SHARD}.idx"
+    index = bytearray(index_path.read_bytes())
+    index[40:48] = bytes(8)  # the header's used slots: 0
+    for at in range(HEADER, len(index), SLOT):
+        index[at : at + 8] = (1).to_bytes(8, "little")  # every slot a tombstone
+    index_path.write_bytes(bytes(index))
+    writer = DiskStore(root)
+    previous = signal.signal(signal.SIGALRM, _hung)
+    signal.alarm(60)  # a hang, not a bound
+    try:
+        writer.put(second, entry(second))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert DiskStore(root).get(second) == entry(second)
+
+
 # A link where the packs folder belongs ------------------------------------------------
 
 

@@ -54,6 +54,7 @@ from kernelcache.stores.base import EntryInfo
 from kernelcache.stores.disk.layout import SHARDS, Found, shard_of, shards
 from kernelcache.stores.disk.packindex import (
     HEADER_SIZE,
+    MAX_SLOTS,
     ShardIndex,
     build_index,
     generation,
@@ -358,10 +359,10 @@ class Packs:
         if s is None:
             raise OSError(f"the pack of shard {shard} is refused")
         _retired, slots, gen, end, used, live, dead = s.header()
-        if (used + 1) > slots * _MAX_LOAD:
+        h = key_hash(key)
+        if (used + 1) > slots * _MAX_LOAD or s.free(h) < 0:
             s = self._compact(s, grow=True)
             _retired, slots, gen, end, used, live, dead = s.header()
-        h = key_hash(key)
         old = s.find(h)
         written = os.pwritev(s.data, parts, end)
         if self.durable:
@@ -378,7 +379,7 @@ class Packs:
         # them until a compaction recounts), never a slot past ``end`` that the next
         # append overwrites.
         s.set_header((0, slots, gen, end + size, used + 1, live + size, dead))
-        s.insert(h, end, size, time.time_ns())
+        s.insert(s.free(h), h, end, size, time.time_ns())
         if old >= 0:
             s.kill(old)
         if dead > self._dead_limit(live + size):
@@ -433,7 +434,7 @@ class Packs:
             if len(raw) == length:
                 kept.append((h, raw, clock))
         slots = s.slots
-        while len(kept) + 1 > slots * _MAX_LOAD / 2 and grow:
+        while len(kept) + 1 > slots * _MAX_LOAD / 2 and grow and slots < MAX_SLOTS:
             slots *= 2
         gen = s.header()[2]
         # Retired before the rename: a process that reopens meanwhile finds the old index

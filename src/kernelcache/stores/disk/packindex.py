@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 #: (one pread of a big file is as fast as from a pack, and extraction wants files).
 PACK_MAX = 16384
 MAGIC = b"KCPACKI1"
+#: More slots than any index grows to (2**24 slots: 512 MiB): a header saying so is damaged.
+MAX_SLOTS = 1 << 24
 #: magic, retired, slots, generation, end of data, used slots, live bytes, dead bytes
 _HEADER = struct.Struct("<8sQQQQQQQ")
 HEADER_SIZE = _HEADER.size
@@ -57,7 +59,9 @@ def generation(mm: mmap.mmap) -> int | None:
     """The data file generation of the index mapped as ``mm``, or ``None`` if it is not an
     index of this format (damaged or foreign: its slot count must fit the file)."""
     magic, _retired, slots, gen, *_rest = _HEADER.unpack_from(mm, 0)
-    if magic != MAGIC or not slots or slots & (slots - 1) or index_size(slots) > len(mm):
+    if magic != MAGIC or not 2 <= slots <= MAX_SLOTS or slots & (slots - 1):
+        return None
+    if index_size(slots) > len(mm):
         return None
     return int(gen)
 
@@ -129,12 +133,20 @@ class ShardIndex:
         h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
         return h, offset, length if length <= PACK_MAX else 0, flags, clock
 
-    def insert(self, h: int, offset: int, length: int, clock: int) -> None:
-        """Fill the first empty slot of ``h``'s chain; the hash goes in last (readers)."""
+    def free(self, h: int) -> int:
+        """The first empty slot of ``h``'s chain, or -1 if there is none (a full index: its
+        header's used count was damaged)."""
         mm, mask = self.mm, self.mask
         i = (h >> 4) & mask
-        while _HASH.unpack_from(mm, _HEADER.size + i * _SLOT.size)[0] != _EMPTY:
+        for _ in range(self.slots):
+            if _HASH.unpack_from(mm, _HEADER.size + i * _SLOT.size)[0] == _EMPTY:
+                return int(i)
             i = (i + 1) & mask
+        return -1
+
+    def insert(self, i: int, h: int, offset: int, length: int, clock: int) -> None:
+        """Fill slot ``i`` (:meth:`free`) with ``h``'s record; the hash goes in last (readers)."""
+        mm = self.mm
         at = _HEADER.size + i * _SLOT.size
         mm[at + 8 : at + _SLOT.size] = _SLOT.pack(0, offset, length, 0, clock)[8:]
         _HASH.pack_into(mm, at, h)
