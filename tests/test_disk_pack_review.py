@@ -330,11 +330,6 @@ def test_a_full_disk_during_compaction_leaves_the_counter_high_never_low(
 # Damaged index values: only misses, never an exception or a hang -----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a slot offset >= 2**63 makes os.pread raise OverflowError, which get() (it "
-    "catches OSError and ValueError), scan() and check() let through",
-)
 def test_a_slot_offset_past_what_pread_takes_is_a_counted_miss(tmp_path: Path) -> None:
     root = tmp_path / "c"
     store = DiskStore(root)

@@ -38,6 +38,7 @@ _SLOT = struct.Struct("<QQIIQ")  # key hash, offset, length, flags, clock (ns)
 _HASH = struct.Struct("<Q")
 _CLOCK = struct.Struct("<Q")
 _RETIRED_AT = 8
+_END_AT = 32
 _CLOCK_AT = 24  # within a slot
 _EMPTY = 0
 _U64_MAX = (1 << 64) - 1
@@ -128,10 +129,13 @@ class ShardIndex:
 
     def slot(self, i: int) -> tuple[int, int, int, int, int]:
         """``(hash, offset, length, flags, clock)``; a length no put writes (a damaged slot)
-        reads as 0, so that nothing allocates what it claims: the record then fails its
-        verification, a counted miss."""
+        reads as 0, so that nothing allocates what it claims, and a record past the header's
+        end of data reads as ``(0, 0)``: the record then fails its verification, a counted
+        miss."""
         h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
-        return h, offset, length if length <= PACK_MAX else 0, flags, clock
+        if length > PACK_MAX or offset + length > _HASH.unpack_from(self.mm, _END_AT)[0]:
+            return h, 0, 0, flags, clock  # past the data's end (no pread takes 2**63)
+        return h, offset, length, flags, clock
 
     def free(self, h: int) -> int:
         """The first empty slot of ``h``'s chain, or -1 if there is none (a full index: its
@@ -159,11 +163,14 @@ class ShardIndex:
 
     def live(self) -> Iterator[tuple[int, int, int, int, int]]:
         """``(slot, hash, offset, length, clock)`` of every live slot."""
+        end = _HASH.unpack_from(self.mm, _END_AT)[0]
         for i, (h, offset, length, _flags, clock) in enumerate(
             _SLOT.iter_unpack(self.mm[_HEADER.size : _HEADER.size + self.slots * _SLOT.size])
         ):
             if h > _TOMB:
-                yield i, h, offset, length if length <= PACK_MAX else 0, clock
+                if length > PACK_MAX or offset + length > end:
+                    offset = length = 0
+                yield i, h, offset, length, clock
 
     def close(self, _close: Callable[[int], None] = os.close) -> None:
         # os.close bound now: __del__ may run at interpreter exit, after os is gone.
