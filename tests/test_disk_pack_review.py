@@ -352,12 +352,6 @@ def test_a_slot_offset_past_what_pread_takes_is_a_counted_miss(tmp_path: Path) -
     assert reader.get(keys[1]) == entry(keys[1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="append() writes at the header's end unchecked: an end past what pwritev takes "
-    "raises OverflowError (not a StoreError; the counter stays high), one past the "
-    "filesystem's largest file fails every put: the shard never accepts puts again",
-)
 @pytest.mark.parametrize("end", [1 << 62, (1 << 64) - 1])
 def test_a_damaged_pack_end_still_accepts_puts(tmp_path: Path, end: int) -> None:
     root = tmp_path / "c"

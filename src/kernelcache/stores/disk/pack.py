@@ -360,6 +360,12 @@ class Packs:
             raise OSError(f"the pack of shard {shard} is refused")
         _retired, slots, gen, end, used, live, dead = s.header()
         h = key_hash(key)
+        if end > os.fstat(s.data).st_size:
+            # A damaged header (appends would go where no write reaches): rebuilt from the
+            # records that are whole.
+            self.layout.refused()
+            s = self._compact(s, grow=False)
+            _retired, slots, gen, end, used, live, dead = s.header()
         if (used + 1) > slots * _MAX_LOAD or s.free(h) < 0:
             s = self._compact(s, grow=True)
             _retired, slots, gen, end, used, live, dead = s.header()
