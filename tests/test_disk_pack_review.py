@@ -443,13 +443,6 @@ def test_an_index_with_no_empty_slot_left_still_takes_puts(tmp_path: Path) -> No
 # A link where the packs folder belongs ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_dir_ok() catches OSError but layout.directory() raises UnsafeDirectory (a "
-    "StoreError) for a link, and with create=False first: every get (files of every shard "
-    "too) and every put raise, and the writable tier never replaces the link as it does "
-    "one at a shard folder",
-)
 def test_a_link_where_the_packs_folder_belongs_is_refused_and_replaced(tmp_path: Path) -> None:
     root = tmp_path / "c"
     store = DiskStore(root)

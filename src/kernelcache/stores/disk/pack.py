@@ -51,7 +51,7 @@ from kernelcache import _fs
 from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo
-from kernelcache.stores.disk.layout import SHARDS, Found, shard_of, shards
+from kernelcache.stores.disk.layout import SHARDS, Found, UnsafeDirectory, shard_of, shards
 from kernelcache.stores.disk.packindex import (
     HEADER_SIZE,
     MAX_SLOTS,
@@ -141,9 +141,11 @@ class Packs:
 
     # Opening -------------------------------------------------------------
     def _dir_ok(self, create: bool) -> bool:
+        """Whether the packs' folder is there and safe (made, or a link or a file there
+        replaced, when ``create``). A refused one (counted) means no pack: files serve."""
         try:
             return self.layout.directory(self.folder, create=create)
-        except OSError:
+        except (OSError, UnsafeDirectory):
             return False
 
     def shard(self, name: str, create: bool = False, hit: bool = False) -> ShardIndex | None:
@@ -252,9 +254,10 @@ class Packs:
         return ShardIndex(name, mm, data, st.st_ino, writable)
 
     def _create(self, name: str, slots: int = _FIRST_SLOTS) -> None:
-        """Make an empty pack for shard ``name`` (under the space lock)."""
-        self._dir_ok(create=True)
-        self._write(name, 1, [], slots)
+        """Make an empty pack for shard ``name`` (under the space lock), unless the packs'
+        folder is refused."""
+        if self._dir_ok(create=True):
+            self._write(name, 1, [], slots)
 
     def drop_empty(self) -> None:
         """Remove the packs that hold no live record (``clear``; under the space lock)."""
