@@ -134,13 +134,6 @@ def test_a_replace_keeps_the_extracted_copy_of_the_old_version(
 # Removals that name a record by its offset, across a compaction ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clear/prune/verify --fix remove a packed entry only if its record is still at the "
-    "offset their listing saw; a removal that compacts the shard moves every other record, "
-    "so the rest of the shard is skipped: clear leaves entries, prune leaves the tier over "
-    "its limit",
-)
 @pytest.mark.parametrize("how", ["clear", "prune"])
 def test_clear_and_prune_remove_a_whole_shard_across_its_compaction(
     tmp_path: Path, how: str

@@ -120,7 +120,7 @@ def check_packed(packs: Packs | None, files: Extractor, info: EntryInfo) -> Dama
     if packs is None:
         return None
     record = info.extra.get("record", -1)
-    raw = packs.raw(info.key, shard_of(info.key), record)
+    raw = packs.raw(info.key, shard_of(info.key), record, info.extra.get("clock_ns"))
     if raw is None:
         return None
     try:

@@ -318,15 +318,19 @@ class Packs:
         i = s.find(key_hash(key))
         return None if i < 0 else s.slot(i)[1:3]
 
-    def raw(self, key: str, shard: str, offset: int) -> bytes | None:
-        """The bytes of ``key``'s record if it is still the one at ``offset`` (verify)."""
+    def raw(self, key: str, shard: str, offset: int, clock: int | None = None) -> bytes | None:
+        """The bytes of ``key``'s record if it is still the one at ``offset``, or the one
+        last used at ``clock`` (moved by a compaction since it was listed; verify)."""
         s = self.shard(shard)
         if s is None:
             return None
         i = s.find(key_hash(key))
-        if i < 0 or s.slot(i)[1] != offset:
+        if i < 0:
             return None
-        return os.pread(s.data, s.slot(i)[2], offset)
+        _h, at, length, _flags, used = s.slot(i)
+        if at != offset and (clock is None or used != clock):
+            return None
+        return os.pread(s.data, length, at)
 
     def records(self, shard: str) -> list[Record]:
         """The live records of ``shard`` with their keys (read from the records: a record
@@ -395,17 +399,26 @@ class Packs:
             self._compact(s, grow=False)
         return replaced
 
-    def remove(self, key: str, shard: str, expect_offset: int | None = None) -> int:
-        """Drop ``key``'s record (if it is still at ``expect_offset``); its bytes, or -1."""
+    def remove(
+        self,
+        key: str,
+        shard: str,
+        expect_offset: int | None = None,
+        expect_clock: int | None = None,
+    ) -> int:
+        """Drop ``key``'s record (if it is still at ``expect_offset``, and last used at
+        ``expect_clock``: a listing's name for it, which compaction keeps); its bytes, or -1."""
         s = self.locked_shard(shard)
         if s is None:
             return -1
         i = s.find(key_hash(key))
         if i < 0:
             return -1
-        _h, offset, length, _flags, _clock = s.slot(i)
+        _h, offset, length, _flags, clock = s.slot(i)
         if expect_offset is not None and offset != expect_offset:
             return -1
+        if expect_clock is not None and clock != expect_clock:
+            return -1  # replaced or used since it was listed
         s.kill(i)
         _retired, slots, gen, end, used, live, dead = s.header()
         s.set_header((0, slots, gen, end, used, live - length, dead + length))
@@ -489,12 +502,14 @@ def _record_key(fd: int, offset: int, length: int) -> str | None:
 
 def info_of_packed(f: Found, packs: Packs | None) -> EntryInfo:
     """What listings say of a packed entry: its record's bytes plus its extracted copies (as
-    the cap counts them); ``extra`` says where the record is (``record``: its offset)."""
+    the cap counts them); ``extra`` says where the record is (``record``: its offset) and its
+    last use (``clock_ns``: what names it to a removal, kept by compaction)."""
     folder = packs.folder if packs is not None else ""
     extra = {
         "ino": 0,
         "packed": True,
         "record": f.record,
+        "clock_ns": f.clock_ns,
         "path": f"{folder}/{shard_of(f.key)}.idx",
         "extracted": f.extracted,
     }

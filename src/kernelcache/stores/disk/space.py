@@ -212,9 +212,16 @@ class Space:
             self.remove_file_locked(tally, key, shard, None)
             self.clean(tally)
 
-    def _unpack(self, tally: Tally, key: str, shard: str, expect_offset: int | None = None) -> bool:
+    def _unpack(
+        self,
+        tally: Tally,
+        key: str,
+        shard: str,
+        expect_offset: int | None = None,
+        expect_clock: int | None = None,
+    ) -> bool:
         assert self.packs is not None
-        freed = self.packs.remove(key, shard, expect_offset)
+        freed = self.packs.remove(key, shard, expect_offset, expect_clock)
         if freed < 0:
             return False
         freed += self.take_folder(self.layout.key_folder(key, shard))
@@ -222,12 +229,19 @@ class Space:
         return True
 
     def remove(
-        self, key: str, expect_ino: int | None = None, expect_record: int | None = None
+        self,
+        key: str,
+        expect_ino: int | None = None,
+        expect_record: int | None = None,
+        expect_clock: int | None = None,
     ) -> bool:
         """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``
-        (a packed entry: unless its record is no longer at offset ``expect_record``)."""
+        (a packed entry: unless its record is no longer at offset ``expect_record``, or was
+        used or replaced since its last use ``expect_clock``)."""
         with self.locked() as tally:
-            return self.remove_locked(tally, key, shard_of(key), expect_ino, expect_record)
+            return self.remove_locked(
+                tally, key, shard_of(key), expect_ino, expect_record, expect_clock
+            )
 
     def remove_locked(
         self,
@@ -236,11 +250,12 @@ class Space:
         shard: str,
         expect_ino: int | None,
         expect_record: int | None = None,
+        expect_clock: int | None = None,
     ) -> bool:
         """Remove an entry under the lock, a file or a packed record (``expect_ino`` 0)."""
         removed = False
         if self.packs is not None and expect_ino in (None, 0):
-            removed = self._unpack(tally, key, shard, expect_record)
+            removed = self._unpack(tally, key, shard, expect_record, expect_clock)
         if expect_ino != 0:
             removed = self.remove_file_locked(tally, key, shard, expect_ino) or removed
         return removed

@@ -486,8 +486,10 @@ class DiskStore(Store):
         self._check_writable()
         self._usable()
         ino = info.extra.get("ino")
-        record = info.extra.get("record")
-        removed = self._guard(lambda: self.space.remove(info.key, ino, record))
+        # A packed entry is named by its last use (a compaction moves its record, and keeps
+        # that): one used or replaced since the listing stays, as a replaced file does.
+        clock = info.extra.get("clock_ns")
+        removed = self._guard(lambda: self.space.remove(info.key, ino, None, clock))
         if removed:
             self._count("deletes")
         return removed
@@ -575,8 +577,8 @@ class DiskStore(Store):
         removed = 0
         for shard in shards():
             found, _orphans = self._guard(functools.partial(self.space.scan, shard))
-            for f in found:
-                if self._guard(functools.partial(self.space.remove, f.key, f.ino, f.record)):
+            for f in found:  # a packed entry: whatever version of it is there now
+                if self._guard(functools.partial(self.space.remove, f.key, f.ino)):
                     removed += 1
         self._guard(self.space.drop_empty_packs)
         self._guard(self.space.recount)  # and extraction folders of no entry go too
