@@ -361,7 +361,7 @@ class Packs:
     # Changes (the caller holds the space lock) ---------------------------
     def append(self, key: str, shard: str, parts: Sequence[bytes], size: int) -> int:
         """Publish ``key``'s packed entry; returns the bytes of the record it replaced
-        (-1 if none). The caller counts."""
+        (-1 if none). The caller counts, then compacts (:meth:`tidy`)."""
         s = self.locked_shard(shard, create=True)
         if s is None:
             raise OSError(f"the pack of shard {shard} is refused")
@@ -395,8 +395,6 @@ class Packs:
         s.insert(s.free(h), h, end, size, time.time_ns())
         if old >= 0:
             s.kill(old)
-        if dead > self._dead_limit(live + size):
-            self._compact(s, grow=False)
         return replaced
 
     def remove(
@@ -422,8 +420,6 @@ class Packs:
         s.kill(i)
         _retired, slots, gen, end, used, live, dead = s.header()
         s.set_header((0, slots, gen, end, used, live - length, dead + length))
-        if dead + length > self._dead_limit(live - length):
-            self._compact(s, grow=False)
         return length
 
     def evict(self, key: str, shard: str, clock_ns: int) -> int:
@@ -447,6 +443,16 @@ class Packs:
         if s.writable:
             s.touch(i, time.time_ns())
         return True
+
+    def tidy(self, shard: str) -> None:
+        """Compact ``shard`` if its dead bytes are over their limit (under the space lock;
+        after the caller counted its change: a failure here loses nothing)."""
+        s = self.locked_shard(shard)
+        if s is None:
+            return
+        _retired, _slots, _gen, _end, _used, live, dead = s.header()
+        if dead > self._dead_limit(live):
+            self._compact(s, grow=False)
 
     def _compact(self, s: ShardIndex, grow: bool) -> ShardIndex:
         """Rewrite ``s``'s live records into a new generation; the old index is retired."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import struct
@@ -55,6 +56,8 @@ from kernelcache.stores.disk.netpublish import (
     replaced,
 )
 from kernelcache.stores.disk.tierlock import TierLock
+
+_log = logging.getLogger("kernelcache")
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -210,6 +213,7 @@ class Space:
             if replaced >= 0:
                 tally.add(-replaced, -1)
             self.remove_file_locked(tally, key, shard, None)
+            self.tidy(shard)
             self.clean(tally)
 
     def _unpack(
@@ -226,7 +230,19 @@ class Space:
             return False
         freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)
+        self.tidy(shard)
         return True
+
+    def tidy(self, shard: str) -> None:
+        """Compact ``shard``'s pack if removals left it enough dead bytes; after the change
+        was counted, so a failure (a full disk) is counted and logged, never raised: the
+        change it follows is done."""
+        assert self.packs is not None
+        try:
+            self.packs.tidy(shard)
+        except OSError as exc:
+            self._count("errors", 1)
+            _log.warning("kernelcache: cannot compact the pack of shard %s: %s", shard, exc)
 
     def remove(
         self,
@@ -432,6 +448,7 @@ class Space:
                 freed += self.take_folder(self.layout.key_folder(candidate.key, candidate.shard))
                 tally.add(-freed, -1)
                 self._count("evictions", 1)
+                self.tidy(candidate.shard)
             return
         path = self.layout.entry_path(candidate.key, candidate.shard)
         try:
