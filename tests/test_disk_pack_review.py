@@ -473,12 +473,6 @@ def test_replacing_every_entry_of_a_full_tier_keeps_the_packs_near_the_cap(
 # verify and ls: a record whose header is damaged -----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="records() lists a record by the key read from its own header: a damaged header "
-    "hides the live slot from ls/verify/recount, and _compact keeps it (it copies every "
-    "live slot), so the damage is never reported nor its bytes reclaimed",
-)
 def test_verify_reports_a_packed_record_whose_header_is_damaged(tmp_path: Path) -> None:
     root = tmp_path / "c"
     store = DiskStore(root)
@@ -495,3 +489,28 @@ def test_verify_reports_a_packed_record_whose_header_is_damaged(tmp_path: Path) 
     listed = {i.key: i for i in checker.scan()}
     assert keys[1] in listed  # a damaged entry file is listed by its name
     assert checker.check(listed[keys[1]]) is not None
+
+
+def test_a_compaction_drops_a_damaged_record_instead_of_copying_it(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    store = DiskStore(root)
+    keys = in_shard(SHARD, 3, "d")
+    for key in keys:
+        store.put(key, entry(key))
+    info = store.info(keys[1])
+    assert info is not None
+    (data,) = packs(store).glob(f"{SHARD}.*.dat")
+    raw = bytearray(data.read_bytes())
+    raw[info.extra["record"] + 1000] ^= 0xFF  # inside the entry's data
+    data.write_bytes(bytes(raw))
+    writer = DiskStore(root)
+    first = set(packs(store).glob(f"{SHARD}.*.dat"))
+    for i in range(12):  # replaced until the dead bytes make the shard compact
+        writer.put(keys[0], entry(keys[0], 4000 - i % 2))
+    assert set(packs(store).glob(f"{SHARD}.*.dat")) != first  # compacted
+    reader = DiskStore(root)
+    assert reader.info(keys[1]) is None  # dropped, not copied on
+    assert reader.get(keys[1]) is None
+    assert reader.counters.corrupt == 0  # it is gone, not read
+    assert reader.get(keys[2]) == entry(keys[2])
+    assert reader.usage() == reader.recount()

@@ -48,7 +48,7 @@ import weakref
 from typing import TYPE_CHECKING, NamedTuple
 
 from kernelcache import _fs
-from kernelcache.entry_format import PREFIX_SIZE, header_size, unpack_from
+from kernelcache.entry_format import PREFIX_SIZE, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import EntryInfo
 from kernelcache.stores.disk.layout import SHARDS, Found, UnsafeDirectory, shard_of, shards
@@ -137,6 +137,9 @@ class Packs:
         self.durable = durable
         self._max_bytes = max_bytes
         self._shards: dict[str, ShardIndex | None] = {}
+        #: ``[bytes, records]`` that compactions dropped as damaged since the space took
+        #: them (:meth:`take_dropped`): counted entries that are gone.
+        self._dropped = [0, 0]
         _ALL.add(self)
 
     # Opening -------------------------------------------------------------
@@ -444,6 +447,11 @@ class Packs:
             s.touch(i, time.time_ns())
         return True
 
+    def take_dropped(self) -> tuple[int, int]:
+        """``(bytes, records)`` dropped as damaged by compactions since the last call."""
+        dropped, self._dropped = self._dropped, [0, 0]
+        return dropped[0], dropped[1]
+
     def tidy(self, shard: str) -> None:
         """Compact ``shard`` if its dead bytes are over their limit (under the space lock;
         after the caller counted its change: a failure here loses nothing)."""
@@ -459,8 +467,11 @@ class Packs:
         kept = []
         for _i, h, offset, length, clock in s.live():
             raw = os.pread(s.data, length, offset)
-            if len(raw) == length:
+            if len(raw) == length and _verified(raw, h):  # damage is dropped, not copied on
                 kept.append((h, raw, clock))
+            else:
+                self._dropped[0] += length
+                self._dropped[1] += 1
         slots = s.slots
         while len(kept) + 1 > slots * _MAX_LOAD / 2 and grow and slots < MAX_SLOTS:
             slots *= 2
@@ -492,18 +503,37 @@ class Packs:
 
 
 def _record_key(fd: int, offset: int, length: int) -> str | None:
-    """The key a record at ``offset`` says it holds (its header unverified: the reader
-    verifies), or ``None`` if it has none."""
+    """The key a record at ``offset`` says it holds, or ``None`` if it has none. Its header
+    is not checked (the caller matches the key to the slot's hash; verify reports the
+    rest), so a record damaged elsewhere is still listed by its key, as a damaged file is
+    by its name."""
     head = os.pread(fd, min(length, PREFIX_SIZE + 256), offset)
-    try:
-        header_size(head)
-    except CorruptEntry:
+    if len(head) < PREFIX_SIZE:
         return None
     key_len = struct.unpack_from("<H", head, _KEY_LEN_AT)[0]
+    raw = head[PREFIX_SIZE : PREFIX_SIZE + key_len]
     try:
-        return head[PREFIX_SIZE : PREFIX_SIZE + key_len].decode("ascii")
+        return raw.decode("ascii") if len(raw) == key_len else None
     except UnicodeDecodeError:
         return None
+
+
+def _verified(raw: bytes, h: int) -> bool:
+    """Whether ``raw`` is a whole record whose key hashes to ``h`` (what compaction keeps)."""
+    if len(raw) < PREFIX_SIZE:
+        return False
+    key_len = struct.unpack_from("<H", raw, _KEY_LEN_AT)[0]
+    try:
+        key = raw[PREFIX_SIZE : PREFIX_SIZE + key_len].decode("ascii")
+    except UnicodeDecodeError:
+        return False
+    if key_hash(key) != h:
+        return False
+    try:
+        unpack_from(raw, len(raw), key)
+    except CorruptEntry:
+        return False
+    return True
 
 
 def info_of_packed(f: Found, packs: Packs | None) -> EntryInfo:

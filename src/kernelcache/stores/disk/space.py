@@ -214,6 +214,7 @@ class Space:
                 tally.add(-replaced, -1)
             self.remove_file_locked(tally, key, shard, None)
             self.tidy(shard)
+            self.uncount_dropped(tally)
             self.clean(tally)
 
     def _unpack(
@@ -231,6 +232,7 @@ class Space:
         freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)
         self.tidy(shard)
+        self.uncount_dropped(tally)
         return True
 
     def tidy(self, shard: str) -> None:
@@ -243,6 +245,13 @@ class Space:
         except OSError as exc:
             self._count("errors", 1)
             _log.warning("kernelcache: cannot compact the pack of shard %s: %s", shard, exc)
+
+    def uncount_dropped(self, tally: Tally) -> None:
+        """Uncount the damaged records that compactions dropped (they were entries)."""
+        assert self.packs is not None
+        size, count = self.packs.take_dropped()
+        if count:
+            tally.add(-size, -count)
 
     def remove(
         self,
@@ -449,6 +458,7 @@ class Space:
                 tally.add(-freed, -1)
                 self._count("evictions", 1)
                 self.tidy(candidate.shard)
+                self.uncount_dropped(tally)
             return
         path = self.layout.entry_path(candidate.key, candidate.shard)
         try:
