@@ -101,19 +101,11 @@ def test_a_replace_or_delete_after_a_miss_removes_the_version_another_process_pa
     assert fresh.usage() == fresh.recount()
 
 
-_TAKES_FOLDER = pytest.mark.xfail(
-    strict=True,
-    reason="a put that moves a key between its pack and a file (publish's _unpack, "
-    "publish_packed's remove_file_locked) takes the key's whole extraction folder: a path "
-    "handed out for the old version vanishes, which a file-to-file replace never does",
-)
-
-
 @pytest.mark.parametrize(
     "sizes",
     [
-        pytest.param((4000, 40_000), marks=_TAKES_FOLDER, id="packed-to-file"),
-        pytest.param((40_000, 4000), marks=_TAKES_FOLDER, id="file-to-packed"),
+        pytest.param((4000, 40_000), id="packed-to-file"),
+        pytest.param((40_000, 4000), id="file-to-packed"),
         pytest.param((40_000, 40_001), id="file-to-file"),  # as on main: passes
     ],
 )

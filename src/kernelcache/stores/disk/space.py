@@ -195,7 +195,7 @@ class Space:
                 old, new = 0, 1
             replace_counted(tally, tmp, path, size, old, new)
             if self.packs is not None:  # a packed version of the key goes: one entry per key
-                self._unpack(tally, key, shard)
+                self._unpack(tally, key, shard, replacing=True)
             self.clean(tally)
 
     def publish_packed(self, key: str, shard: str, parts: list[bytes], size: int) -> None:
@@ -212,7 +212,7 @@ class Space:
                 raise
             if replaced >= 0:
                 tally.add(-replaced, -1)
-            self.remove_file_locked(tally, key, shard, None)
+            self.remove_file_locked(tally, key, shard, None, replacing=True)
             self.tidy(shard)
             self.uncount_dropped(tally)
             self.clean(tally)
@@ -224,12 +224,18 @@ class Space:
         shard: str,
         expect_offset: int | None = None,
         expect_clock: int | None = None,
+        *,
+        replacing: bool = False,
     ) -> bool:
+        """Remove ``key``'s packed record and count it; its extracted copies go too unless
+        it is ``replacing`` (a new version of the key: copies stay, as a file's replace
+        leaves them, since paths handed out for the old version may be in use)."""
         assert self.packs is not None
         freed = self.packs.remove(key, shard, expect_offset, expect_clock)
         if freed < 0:
             return False
-        freed += self.take_folder(self.layout.key_folder(key, shard))
+        if not replacing:
+            freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)
         self.tidy(shard)
         self.uncount_dropped(tally)
@@ -286,10 +292,11 @@ class Space:
         return removed
 
     def remove_file_locked(
-        self, tally: Tally, key: str, shard: str, expect_ino: int | None
+        self, tally: Tally, key: str, shard: str, expect_ino: int | None, *, replacing: bool = False
     ) -> bool:
         """Remove an entry file under the lock; the rename into staging makes the inode check
-        look at the very file taken, so a newer entry is linked back and survives."""
+        look at the very file taken, so a newer entry is linked back and survives. Its
+        extracted copies go too, unless it is ``replacing`` (see :meth:`_unpack`)."""
         # Renames never follow a link at the name itself; these make sure no link
         # stands at a directory above it either (replaced once per process).
         self.layout.shard_dir(self.layout.entries, shard, create=True)
@@ -311,7 +318,9 @@ class Space:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
                 os.link(trash, path)
             return False
-        freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
+        freed = st.st_size
+        if not replacing:
+            freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
