@@ -31,6 +31,8 @@ PACK_MAX = 16384
 MAGIC = b"KCPACKI1"
 #: More slots than any index grows to (2**24 slots: 512 MiB): a header saying so is damaged.
 MAX_SLOTS = 1 << 24
+#: No data file grows past this; a slot offset beyond it is damaged (pread takes < 2**63).
+DATA_MAX = 1 << 62
 #: magic, retired, slots, generation, end of data, used slots, live bytes, dead bytes
 _HEADER = struct.Struct("<8sQQQQQQQ")
 HEADER_SIZE = _HEADER.size
@@ -38,7 +40,6 @@ _SLOT = struct.Struct("<QQIIQ")  # key hash, offset, length, flags, clock (ns)
 _HASH = struct.Struct("<Q")
 _CLOCK = struct.Struct("<Q")
 _RETIRED_AT = 8
-_END_AT = 32
 _CLOCK_AT = 24  # within a slot
 _EMPTY = 0
 _U64_MAX = (1 << 64) - 1
@@ -129,12 +130,14 @@ class ShardIndex:
 
     def slot(self, i: int) -> tuple[int, int, int, int, int]:
         """``(hash, offset, length, flags, clock)``; a length no put writes (a damaged slot)
-        reads as 0, so that nothing allocates what it claims, and a record past the header's
-        end of data reads as ``(0, 0)``: the record then fails its verification, a counted
-        miss."""
+        reads as 0, so that nothing allocates what it claims, and an offset past
+        :data:`DATA_MAX` reads as ``(0, 0)``: the record then fails its verification, a
+        counted miss. (Not the header's end of data: readers would see it torn while a
+        writer moves it, ``struct`` writes it byte by byte, and take a live record as
+        damaged.)"""
         h, offset, length, flags, clock = _SLOT.unpack_from(self.mm, _HEADER.size + i * _SLOT.size)
-        if length > PACK_MAX or offset + length > _HASH.unpack_from(self.mm, _END_AT)[0]:
-            return h, 0, 0, flags, clock  # past the data's end (no pread takes 2**63)
+        if length > PACK_MAX or offset > DATA_MAX:
+            return h, 0, 0, flags, clock  # no pread takes 2**63
         return h, offset, length, flags, clock
 
     def free(self, h: int) -> int:
@@ -163,12 +166,11 @@ class ShardIndex:
 
     def live(self) -> Iterator[tuple[int, int, int, int, int]]:
         """``(slot, hash, offset, length, clock)`` of every live slot."""
-        end = _HASH.unpack_from(self.mm, _END_AT)[0]
         for i, (h, offset, length, _flags, clock) in enumerate(
             _SLOT.iter_unpack(self.mm[_HEADER.size : _HEADER.size + self.slots * _SLOT.size])
         ):
             if h > _TOMB:
-                if length > PACK_MAX or offset + length > end:
+                if length > PACK_MAX or offset > DATA_MAX:
                     offset = length = 0
                 yield i, h, offset, length, clock
 
