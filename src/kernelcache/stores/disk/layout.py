@@ -395,9 +395,11 @@ def is_dir_error(exc: OSError) -> bool:
 class Found:
     """One entry of a shard as a scan saw it, with its extracted bytes: a file (``st``), or
     a packed record (``st`` is ``None``; ``record`` is its offset, ``length`` and ``clock_ns``
-    its size and last use; see :mod:`.pack`)."""
+    its size and last use; see :mod:`.pack`). ``shadow``: the bytes of an entry file of a
+    packed key (a writer killed between packing a new version and removing the file): the
+    packed record is the entry (it is what a get serves), and the file goes with it."""
 
-    __slots__ = ("clock_ns", "extracted", "key", "length", "record", "st")
+    __slots__ = ("clock_ns", "extracted", "key", "length", "record", "shadow", "st")
 
     def __init__(
         self,
@@ -413,6 +415,7 @@ class Found:
         self.st = st
         self.extracted = extracted
         self.record = record
+        self.shadow = 0
         self.length = st.st_size if st is not None else length
         self.clock_ns = st.st_mtime_ns if st is not None else clock_ns
 
@@ -424,7 +427,7 @@ class Found:
     @property
     def size(self) -> int:
         """What the entry costs the tier: its file (or record) plus its extracted copies."""
-        return self.length + self.extracted
+        return self.length + self.extracted + self.shadow
 
 
 def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
@@ -463,7 +466,11 @@ def scan_shard(
     found: dict[str, Found] = {f.key: f for f in packed}
     for name, st in list_dir(layout, f"{layout.entries}/{shard}"):
         key = entry_key(name, st, shard)
-        if key is not None:
+        if key is None:
+            continue
+        if key in found:
+            found[key].shadow = st.st_size  # the packed version is the entry (see Found)
+        else:
             found[key] = Found(key, st)
     orphans = []
     top = f"{layout.extracted}/{shard}"

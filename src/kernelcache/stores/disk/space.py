@@ -237,6 +237,8 @@ class Space:
         if not replacing:
             freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)
+        if not replacing:  # an older file of the key a killed writer left goes too
+            self.remove_file_locked(tally, key, shard, None, replacing=True)
         self.tidy(shard)
         self.uncount_dropped(tally)
         return True
@@ -466,6 +468,7 @@ class Space:
                 freed += self.take_folder(self.layout.key_folder(candidate.key, candidate.shard))
                 tally.add(-freed, -1)
                 self._count("evictions", 1)
+                self.remove_file_locked(tally, candidate.key, candidate.shard, None, replacing=True)
                 self.tidy(candidate.shard)
                 self.uncount_dropped(tally)
             return
@@ -494,7 +497,7 @@ class Space:
             for folder in orphans:
                 self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
-            count += len(found)
+            count += len(found) + sum(1 for f in found if f.shadow)  # a shadow: counted as put
         tally.set(size, count)
         return count, size
 
@@ -523,7 +526,7 @@ class Space:
         for shard in shards():
             found, _orphans = self.scan(shard)
             size += sum(f.size for f in found)
-            count += len(found)
+            count += len(found) + sum(1 for f in found if f.shadow)
         return count, size
 
     def drop_empty_packs(self) -> None:

@@ -523,11 +523,14 @@ class DiskStore(Store):
         """Size and times of one entry from its file's metadata, or ``None``."""
         validate_key(key)
         self._usable()
+        packed = self._packed_info(key)
+        if packed is not None:  # what a get serves, if an older file of the key is left too
+            return packed
         path = self.layout.entry_path(key)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return self._packed_info(key)
+            return None
         if not stat.S_ISREG(st.st_mode):
             return None
         return info_of(key, st, path, tree_size(self.layout.key_folder(key)))
