@@ -107,6 +107,15 @@ def file_problem(st: os.stat_result) -> str | None:
     return None
 
 
+class DamagedRecord(CorruptEntry):
+    """A packed record that failed verification; ``offset`` is where it was read, which
+    alone is removed (a newer record of the key published since must stay)."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
 class Record(NamedTuple):
     """A live packed entry as a listing sees it."""
 
@@ -295,7 +304,7 @@ class Packs:
         self, key: str, shard: str, touch_after: float
     ) -> tuple[str, bytes, dict[str, bytes], int] | None:
         """``(key, meta_raw, artifacts, size)`` of ``key``'s verified record, or ``None``
-        (not packed). :class:`CorruptEntry` if the record fails verification. A hit
+        (not packed). :class:`DamagedRecord` if the record fails verification. A hit
         moves the entry up the LRU order if it was last used over ``touch_after``
         seconds ago (rate-limited like a file's mtime: most hits write nothing)."""
         s = self.shard(shard, hit=True)
@@ -306,7 +315,10 @@ class Packs:
             return None
         _h, offset, length, _flags, clock = s.slot(i)
         raw = os.pread(s.data, length, offset)
-        recorded, meta_raw, artifacts = unpack_from(raw, length, key)
+        try:
+            recorded, meta_raw, artifacts = unpack_from(raw, length, key)
+        except CorruptEntry as exc:
+            raise DamagedRecord(str(exc), offset) from exc
         if s.writable:
             now = time.time_ns()
             if now - clock > touch_after * 1e9:

@@ -49,7 +49,7 @@ from kernelcache.stores.disk.layout import (
     shards,
     tree_size,
 )
-from kernelcache.stores.disk.pack import Packs, info_of_packed
+from kernelcache.stores.disk.pack import DamagedRecord, Packs, info_of_packed
 from kernelcache.stores.disk.packindex import PACK_MAX
 from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
@@ -336,12 +336,10 @@ class DiskStore(Store):
         assert self.packs is not None
         try:
             found = self.packs.read(key, shard, TOUCH_INTERVAL)
-        except CorruptEntry:
+        except DamagedRecord as exc:
             self._count("corrupt")
-            if not self.read_only:
-                where = self.packs.where(key, shard)
-                if where is not None:
-                    self._guard(lambda: self.space.remove(key, 0, where[0]))
+            if not self.read_only:  # the record read, never one published since
+                self._guard(functools.partial(self.space.remove, key, 0, exc.offset))
             return None
         except (OSError, ValueError):  # ValueError: a mapping closed by close() meanwhile
             self._count("errors")  # the file path is tried next, as before packing
