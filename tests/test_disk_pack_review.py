@@ -190,6 +190,8 @@ def test_a_compaction_killed_before_retiring_leaves_no_stale_entry(
     holder.put(other, entry(other))  # the holder writes (and compacts) its old index
     assert DiskStore(root).get(old) is None  # the deletion must not be undone
     assert DiskStore(root).get(other) == entry(other)
+    # What the killed compaction left (a data file of another generation) was swept.
+    assert len(list(packs(holder).glob(f"{SHARD}.*.dat"))) == 1
 
 
 # A writer killed between its append and removing the key's old entry file ------------

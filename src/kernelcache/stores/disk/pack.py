@@ -198,10 +198,24 @@ class Packs:
                 if s.writable:
                     s.retire()
                 del self._shards[name]
+        held = self._shards.get(name)
         s = self.shard(name, create)
-        if s is not None and s.retired and s.writable:
-            s.retire(False)
+        if s is not None and s.writable and s is not held:
+            if s.retired:
+                s.retire(False)
+            # Opened by this process's first change of the shard: data files of other
+            # generations that a killed compaction left go now (uncounted bytes).
+            self._sweep(name, s.header()[2])
         return s
+
+    def _sweep(self, name: str, gen: int) -> None:
+        """Remove shard ``name``'s data files other than generation ``gen``'s (under the
+        space lock: no compaction is writing one)."""
+        for item in os.listdir(self.folder):
+            stem, _, rest = item.partition(".")
+            if stem == name and rest.endswith(".dat") and rest != f"{gen}.dat":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.folder}/{item}")
 
     def stale(self, name: str) -> bool:
         """Whether shard ``name``'s index file is not the one this process has open
@@ -497,11 +511,7 @@ class Packs:
         except BaseException:
             s.retire(False)
             raise
-        for name in os.listdir(self.folder):  # this generation's, and any a crash left
-            stem, _, rest = name.partition(".")
-            if stem == s.name and rest.endswith(".dat") and rest != f"{gen + 1}.dat":
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{self.folder}/{name}")
+        self._sweep(s.name, gen + 1)  # this generation's, and any a crash left
         fresh = self.shard(s.name)
         if fresh is None:
             raise OSError(f"the pack of shard {s.name} vanished during compaction")
