@@ -1,9 +1,7 @@
-"""Review of the small-entry packs (stores/disk/pack.py): each test shows a bug of the branch.
-
-Every test here fails on the branch as it is and is marked ``xfail(strict=True)``
-with the cause; the fix that makes it pass removes the mark. Crashes are real
-SIGKILLs of a real writer process at the step named; damage is made to the
-pack's real bytes.
+"""Review of the small-entry packs (stores/disk/pack.py, packindex.py): each test shows a bug
+the review found (each was an ``xfail(strict=True)`` until its fix), or one its fixes
+touched. Crashes are real SIGKILLs of a real writer process at the step named; damage is
+made to the pack's real bytes.
 """
 
 from __future__ import annotations
