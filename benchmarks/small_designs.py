@@ -6,7 +6,8 @@ Measured, not built: each row but the first two is the least a design's hit
 does, with the entry verified as every kernelcache read is (the same
 ``unpack_from`` over the same packed bytes):
 
-- ``DiskStore.get``: a file per entry, as shipped.
+- ``DiskStore.get``: as shipped (small entries packed, issue 40: stores/disk/pack.py),
+  and with ``pack_max = 0``, a file per entry as before packing.
 - file floor: the system calls a verified hit of a file per entry with an
   mtime LRU clock needs (open, fstat, pread, close) and the verification;
   nothing else. What trimming the disk store's read path can reach at best.
@@ -96,7 +97,9 @@ def run(root: str, keys: int, passes: int) -> dict[str, float]:
     value = random.Random(SIZE).randbytes(SIZE)
     entry = Entry({"data": value})
     store = DiskStore(f"{root}/disk")
-    folders = store.layout.folders
+    files = DiskStore(f"{root}/files")
+    files.pack_max = 0  # a file per entry, as before packing
+    folders = files.layout.folders
     dc = diskcache.Cache(f"{root}/diskcache")
     db = sqlite3.connect(f"{root}/rows.sqlite", isolation_level=None)
     for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "mmap_size = 67108864"):
@@ -120,7 +123,8 @@ def run(root: str, keys: int, passes: int) -> dict[str, float]:
 
     contenders: dict[str, Callable[[str], object]] = {
         "diskcache.Cache.get": dc.get,
-        "kernelcache DiskStore.get (file per entry)": store.get,
+        "kernelcache DiskStore.get (packed, as shipped)": store.get,
+        "kernelcache DiskStore.get (file per entry, pack_max=0)": files.get,
         "file floor: open+fstat+pread+close, verified": file_floor,
         "SQLite row (rowid, mmap), verified": row,
         "pack + mapped index: one pread, verified": pack.get,
@@ -133,12 +137,13 @@ def run(root: str, keys: int, passes: int) -> dict[str, float]:
             names = [f"{rnd.getrandbits(256):064x}" for _ in range(keys)]
             for key in names:
                 store.put(key, entry)
+                files.put(key, entry)
                 packed = b"".join(entry.pack_parts(key))
                 dc.set(key, value)
                 db.execute("INSERT INTO entries VALUES (?, ?)", (key, packed))
                 pack.put(key, packed)
-                key_shard[key] = os.path.basename(os.path.dirname(store.layout.entry_path(key)))
-                store.layout.entries_fd(key_shard[key])
+                key_shard[key] = os.path.basename(os.path.dirname(files.layout.entry_path(key)))
+                files.layout.entries_fd(key_shard[key])
             order = list(contenders.items())
             for key in names:
                 rnd.shuffle(order)
@@ -150,6 +155,7 @@ def run(root: str, keys: int, passes: int) -> dict[str, float]:
                         raise AssertionError(f"{name} missed {key}")
     finally:
         store.close()
+        files.close()
         dc.close()
         db.close()
         pack.close()

@@ -35,6 +35,7 @@ def forge_huge_entry(path: Path) -> None:
 
 def test_a_huge_artifact_over_a_sparse_file_is_a_miss(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "c")
+    store.pack_max = 0  # an entry file beside the forged one (small ones are packed)
     store.put("other", Entry({"a": b"1"}))
     (entry_file,) = Path(store.path).glob("v1/entries/*/other.kce")
     path = entry_file.parent.parent / store_shard(KEY) / f"{KEY}.kce"

@@ -18,6 +18,13 @@ from kernelcache.stores.disk import DiskStore, shard_of
 from kernelcache.stores.disk.files import Extractor
 
 
+@pytest.fixture(autouse=True)
+def _entry_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about entry files (damaged, linked, aged, counted): small entries go
+    into files here, as before packing. Packed entries: tests/test_disk_pack.py."""
+    monkeypatch.setattr(DiskStore, "pack_max", 0)
+
+
 def entry_of(tag: str, size: int = 2000) -> Entry:
     return Entry({"kernel.cubin": tag.encode().ljust(size, b"#"), "log": b"ok"}, meta={"t": tag})
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,13 @@ from kernelcache.stores.disk import space as space_module
 from kernelcache.stores.disk.layout import Found, Layout, scan_shard
 
 CAP = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _entry_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about entry files (damaged, linked, aged, counted): small entries go
+    into files here, as before packing. Packed entries: tests/test_disk_pack.py."""
+    monkeypatch.setattr(DiskStore, "pack_max", 0)
 
 
 def on_disk(root: Path) -> int:
@@ -107,9 +115,11 @@ def test_no_put_scans_the_whole_tier(tmp_path: Path, monkeypatch: pytest.MonkeyP
     store.max_bytes = store.usage()[1]  # full: from here on every put evicts
     scans: list[str] = []
 
-    def counted_scan(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
+    def counted_scan(
+        layout: Layout, shard: str, packed: Iterable[Found] = ()
+    ) -> tuple[list[Found], list[str]]:
         scans.append(shard)
-        return scan_shard(layout, shard)
+        return scan_shard(layout, shard, packed)
 
     monkeypatch.setattr(space_module, "scan_shard", counted_scan)
     for i in range(300):  # at the cap: every put evicts

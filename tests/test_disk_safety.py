@@ -22,6 +22,13 @@ ARTIFACT = b"\x7fELF" + bytes(range(256)) * 40
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
+@pytest.fixture(autouse=True)
+def _entry_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about entry files (damaged, linked, aged, counted): small entries go
+    into files here, as before packing. Packed entries: tests/test_disk_pack.py."""
+    monkeypatch.setattr(DiskStore, "pack_max", 0)
+
+
 def entry() -> Entry:
     return Entry({"kernel.cubin": ARTIFACT, "log": b"ok"})
 

@@ -24,6 +24,13 @@ from kernelcache.stores.disk import DiskStore, cleaner
 from kernelcache.stores.lockfile import FileFlightLock
 
 
+@pytest.fixture(autouse=True)
+def _entry_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk tier's faults here are injected into entry files' reads and writes: small
+    entries go into files, as before packing. Packed entries: tests/test_disk_pack.py."""
+    monkeypatch.setattr(DiskStore, "pack_max", 0)
+
+
 def entry_of(tag: str, size: int = 2000) -> Entry:
     return Entry({"kernel.cubin": tag.encode().ljust(size, b"#")}, meta={"t": tag})
 

@@ -24,6 +24,13 @@ class _SneakyStr(str):
         return hash("a" * 64)
 
 
+@pytest.fixture(autouse=True)
+def _entry_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk tier's faults here are injected into entry files' reads and writes: small
+    entries go into files, as before packing. Packed entries: tests/test_disk_pack.py."""
+    monkeypatch.setattr(DiskStore, "pack_max", 0)
+
+
 def test_validate_key_memo_accepts_and_rejects_as_the_regex_does() -> None:
     good = "a" * 64
     assert validate_key(good) is good

@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch")
 
 import children  # noqa: E402
 import kernelcache.inductor as kci  # noqa: E402
+from disk_entries import damage_every_entry  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
 from kernelcache.entry import Entry  # noqa: E402
 from kernelcache.inductor import backend  # noqa: E402
@@ -134,10 +135,7 @@ def _flip_bytes(data: bytes) -> bytes:
 def test_corrupt_disk_entries_are_recompiled(team: Team, tmp_path: Path) -> None:
     local = tmp_path / "m" / "kc"
     shutil.copytree(team.tmp / "a" / "kc", local)
-    damaged = 0
-    for path in local.rglob("*.kce"):
-        path.write_bytes(_flip_bytes(path.read_bytes()))
-        damaged += 1
+    damaged = damage_every_entry(local, _flip_bytes)
     assert damaged >= GRAPHS["both"]
     report = run(machine(tmp_path, "m", None), "both")  # no team tier: the disk alone
     assert misses(report) == GRAPHS["both"]

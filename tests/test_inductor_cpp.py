@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 from children import finish, start
+from disk_entries import damage_every_entry
 from kernelcache.stores.disk import DiskStore
 from redis_server import RedisServer
 
@@ -82,19 +83,17 @@ def _builds(commands: list[str]) -> list[str]:
 
 def _corrupt_entries(shared: Path, kind: str) -> int:
     store = DiskStore(str(shared))
-    done = 0
+    chosen = set()
     for key in list(store.keys()):
         entry = store.get(key)
-        if entry is None or entry.meta.get("kind") != kind:
-            continue
-        path = Path(store.layout.entry_path(key))
-        data = bytearray(path.read_bytes())
-        data[-100] ^= 0xFF  # inside the .so's bytes, past the header
-        path.chmod(0o600)
-        path.write_bytes(bytes(data))
-        done += 1
+        if entry is not None and entry.meta.get("kind") == kind:
+            chosen.add(key)
     store.close()
-    return done
+
+    def flip(data: bytes) -> bytes:  # inside the .so's bytes, past the header
+        return data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:]
+
+    return damage_every_entry(shared, flip, chosen)
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ jax = pytest.importorskip("jax")
 
 import children  # noqa: E402
 import kernelcache.jax as kcj  # noqa: E402
+from disk_entries import damage_every_entry, stored_keys  # noqa: E402
 from kernelcache import _jax_autoload  # noqa: E402
 from kernelcache.bytecache import VALUE  # noqa: E402
 from kernelcache.cache import Cache  # noqa: E402
@@ -102,10 +103,7 @@ def _flip_bytes(data: bytes) -> bytes:
 def test_corrupt_disk_entries_are_recompiled(team: Team, tmp_path: Path) -> None:
     local = tmp_path / "m" / "kc"
     shutil.copytree(team.tmp / "a" / "kc", local)
-    damaged = 0
-    for path in local.rglob("*.kce"):
-        path.write_bytes(_flip_bytes(path.read_bytes()))
-        damaged += 1
+    damaged = damage_every_entry(local, _flip_bytes)
     assert damaged == 1
     report = run(machine(tmp_path, "m", None))  # no team tier: the disk alone
     assert report["jax"] == {"hits": 0, "writes": 1}
@@ -170,7 +168,7 @@ def test_uninstall_leaves_jax_own_directory_cache_working(tmp_path: Path) -> Non
     assert not first["installed"]
     assert len(list((tmp_path / "jax-cache").iterdir())) == 1
     assert run(env)["jax"] == {"hits": 1, "writes": 0}
-    assert not list((tmp_path / "m" / "kc").rglob("*.kce")), "kernelcache stored nothing"
+    assert not stored_keys(tmp_path / "m" / "kc"), "kernelcache stored nothing"
 
 
 def test_a_slip_in_the_variable_is_one_line_and_jax_keeps_its_cache(tmp_path: Path) -> None:

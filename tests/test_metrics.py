@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from cli_run import kc, kc_json
+from disk_entries import damage_every_entry
 from kernelcache.cache import Cache
 from kernelcache.entry import Entry
 from kernelcache.keys import KeyBuilder
@@ -37,8 +38,8 @@ def busy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bad = KeyBuilder("kernelcache.demo").add("n", "bad").hexdigest()
     with Cache([DiskStore(root)]) as cache:
         cache.put(bad, Entry({"x": b"2"}))
-        path = next(p for p in root.rglob("*") if p.is_file() and bad in p.name)
-        path.write_bytes(path.read_bytes()[:-1] + b"!")
+        # A file or a packed record (stores/disk/pack.py): its last byte damaged in place.
+        assert damage_every_entry(root, lambda data: data[:-1] + b"!", {bad}) == 1
         assert cache.get(bad) is None  # corrupt: a miss with its reason
     settings = Settings.load(environ={}, dir=str(root))
     launcher.count(settings, "hits", saved=1.5)

@@ -175,6 +175,7 @@ LEAVE = """
     def die(*args, **kwargs):
         os._exit(9)  # killed between writing the staged entry and publishing it
 
+    DiskStore.pack_max = 0  # an entry file, staged (a packed entry is never staged)
     disk = DiskStore({path!r})
     space.Space.publish = die
     print("ready", flush=True)

@@ -20,6 +20,7 @@ tilelang = pytest.importorskip("tilelang")
 
 import children  # noqa: E402
 from cuda_standin import Toolkit, make_toolkit  # noqa: E402
+from disk_entries import stored_keys  # noqa: E402
 from kernelcache.tilelang import keys  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +81,7 @@ def test_compiled_once_then_hit_in_a_fresh_process_without_nvcc(
         assert report["kernel_class"] == JIT_KERNEL
         assert report["adapter_class"] == ADAPTERS[backend]
     assert second["source_chars"] == first["source_chars"] > 0
-    entries = list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))
+    entries = stored_keys(dsl_env["KERNELCACHE_DIR"])
     # One compiled kernel is ONE entry; tvm_ffi's has its header manifest and its device
     # binary (kernelcache.tilelang.binaries) beside it.
     assert len(entries) == (3 if backend == "tvm_ffi" else 1)
@@ -143,7 +144,7 @@ def test_the_compiling_caller_gets_its_kernel_before_the_entry_is_published(
     assert first["stats"] == {**first["stats"], "compiles": 1, "unpublished": 0}
     assert second["stats"] == {**second["stats"], "hits": 1, "compiles": 0}
     assert len(toolkit.compiles()) == 1
-    assert len(list((Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce"))) == 3
+    assert len(stored_keys(dsl_env["KERNELCACHE_DIR"])) == 3
 
 
 @pytest.mark.slow
@@ -293,9 +294,7 @@ def test_disable_cache_env_still_compiles_without_any_cache(
         report = run(env, "add", "tvm_ffi")
         assert report["stats"]["hits"] == report["stats"]["misses"] == 0
     assert len(toolkit.compiles()) == 2
-    assert not (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").exists() or not list(
-        (Path(dsl_env["KERNELCACHE_DIR"]) / "v1" / "entries").rglob("*.kce")
-    )
+    assert not stored_keys(dsl_env["KERNELCACHE_DIR"])
 
 
 def _manifests(env: dict[str, str], delete: bool = False) -> list[dict[str, Any]]:

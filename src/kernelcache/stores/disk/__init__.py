@@ -1,7 +1,7 @@
 """The local-directory tier: :class:`DiskStore` (``store.py``), where its files live and
 which directories it trusts (``layout.py``), its counter, removals and eviction
-(``space.py``, with the LRU order in ``lru.py``) and the files it extracts for
-``Entry.path()`` (``files.py``)."""
+(``space.py``, with the LRU order in ``lru.py``), the files it extracts for
+``Entry.path()`` (``files.py``) and the packs small entries live in (``pack.py``, their index ``packindex.py``)."""
 
 from __future__ import annotations
 

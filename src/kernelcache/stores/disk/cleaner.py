@@ -257,4 +257,4 @@ class Cleaner:
     def _rescan(self, shard: str) -> list[Record]:
         found, orphans = scan_shard(self.space.layout, shard)
         self._orphans.extend((shard, folder) for folder in orphans)
-        return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
+        return [(f.clock_ns, f.ino, f.key) for f in found]

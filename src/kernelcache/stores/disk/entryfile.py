@@ -15,10 +15,11 @@ from kernelcache.entry import Entry
 from kernelcache.entry_format import header_size, unpack_from
 from kernelcache.errors import CorruptEntry
 from kernelcache.stores.base import Damage, EntryInfo
-from kernelcache.stores.disk.layout import OPEN_READ, Layout
+from kernelcache.stores.disk.layout import OPEN_READ, Layout, shard_of
 
 if TYPE_CHECKING:
     from kernelcache.stores.disk.files import Extractor
+    from kernelcache.stores.disk.pack import Packs
 
 #: Entries up to this size are read in one call (a cubin of a few KB: the
 #: common case) and their artifacts sliced out of it. Of larger ones, the
@@ -110,4 +111,24 @@ def check_entry(layout: Layout, files: Extractor, info: EntryInfo) -> Damage | N
     problems = files.check(entry, info.key)
     if problems:
         return Damage(checked, "; ".join(f"{where}: {what}" for where, what in problems))
+    return None
+
+
+def check_packed(packs: Packs | None, files: Extractor, info: EntryInfo) -> Damage | None:
+    """Why the packed entry ``info`` names is damaged (its record, or an extracted copy), or
+    ``None``; a record replaced or removed since ``info`` was taken is not checked."""
+    if packs is None:
+        return None
+    record = info.extra.get("record", -1)
+    raw = packs.raw(info.key, shard_of(info.key), record, info.extra.get("clock_ns"))
+    if raw is None:
+        return None
+    try:
+        recorded, meta_raw, artifacts = unpack_from(raw, len(raw), info.key)
+    except CorruptEntry as exc:
+        return Damage(info, str(exc))
+    entry = Entry.from_verified(artifacts, meta_raw, recorded, None)
+    problems = files.check(entry, info.key)
+    if problems:
+        return Damage(info, "; ".join(f"{where}: {what}" for where, what in problems))
     return None

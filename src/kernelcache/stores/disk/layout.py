@@ -9,6 +9,7 @@ Layout under the cache directory ``root``::
     v1/staging/                       files being written and entries being removed,
                                       named with their writer (node and pid) for the sweep
     v1/locks/<s>/<key>.lock           single-flight compile locks (flock), removed on release
+    v1/packs/<s>.idx, <s>.<gen>.dat   small entries of shard s, packed (local filesystems; pack.py)
 
 Nothing inside the tree is trusted to be what its name says: the directory
 itself must belong to the user (or root) and not be writable by group or
@@ -39,7 +40,7 @@ from kernelcache.errors import StoreError
 from kernelcache.stores.base import is_valid_key
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
 SHARDS = 16
 SUFFIX = ".kce"
@@ -458,19 +459,41 @@ def is_dir_error(exc: OSError) -> bool:
 
 
 class Found:
-    """One entry file of a shard as a scan saw it, with its extracted bytes."""
+    """One entry of a shard as a scan saw it, with its extracted bytes: a file (``st``), or
+    a packed record (``st`` is ``None``; ``record`` is its offset, ``length`` and ``clock_ns``
+    its size and last use; see :mod:`.pack`). ``shadow``: the bytes of an entry file of a
+    packed key (a writer killed between packing a new version and removing the file): the
+    packed record is the entry (it is what a get serves), and the file goes with it."""
 
-    __slots__ = ("extracted", "key", "st")
+    __slots__ = ("clock_ns", "extracted", "key", "length", "record", "shadow", "st")
 
-    def __init__(self, key: str, st: os.stat_result, extracted: int = 0) -> None:
+    def __init__(
+        self,
+        key: str,
+        st: os.stat_result | None,
+        extracted: int = 0,
+        *,
+        record: int = -1,
+        length: int = 0,
+        clock_ns: int = 0,
+    ) -> None:
         self.key = key
         self.st = st
         self.extracted = extracted
+        self.record = record
+        self.shadow = 0
+        self.length = st.st_size if st is not None else length
+        self.clock_ns = st.st_mtime_ns if st is not None else clock_ns
+
+    @property
+    def ino(self) -> int:
+        """The file's inode; 0 for a packed record (the LRU queue's mark for one)."""
+        return self.st.st_ino if self.st is not None else 0
 
     @property
     def size(self) -> int:
-        """What the entry costs the tier: its file plus its extracted copies."""
-        return self.st.st_size + self.extracted
+        """What the entry costs the tier: its file (or record) plus its extracted copies."""
+        return self.length + self.extracted + self.shadow
 
 
 def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
@@ -499,17 +522,24 @@ def list_dir(layout: Layout, path: str) -> list[tuple[str, os.stat_result]]:
     return listed
 
 
-def scan_shard(layout: Layout, shard: str) -> tuple[list[Found], list[str]]:
-    """The entries of ``shard`` and the extraction folders of keys it no longer holds.
+def scan_shard(
+    layout: Layout, shard: str, packed: Iterable[Found] = ()
+) -> tuple[list[Found], list[str]]:
+    """The entries of ``shard`` (its files, then its ``packed`` records) and the
+    extraction folders of keys it no longer holds.
 
     Foreign items (other names, keys of another shard, links) are neither
     listed nor counted. Orphan folders are left by a process killed between
     removing an entry and its folder, or by a version that lost a race.
     """
-    found: dict[str, Found] = {}
+    found: dict[str, Found] = {f.key: f for f in packed}
     for name, st in list_dir(layout, f"{layout.entries}/{shard}"):
         key = entry_key(name, st, shard)
-        if key is not None:
+        if key is None:
+            continue
+        if key in found:
+            found[key].shadow = st.st_size  # the packed version is the entry (see Found)
+        else:
             found[key] = Found(key, st)
     orphans = []
     top = f"{layout.extracted}/{shard}"

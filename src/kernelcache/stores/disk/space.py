@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import struct
@@ -38,6 +39,7 @@ import xxhash
 from kernelcache.stores.base import is_valid_key
 from kernelcache.stores.disk.cleaner import Cleaner
 from kernelcache.stores.disk.layout import (
+    Found,
     Layout,
     remove_tree,
     scan_shard,
@@ -55,10 +57,13 @@ from kernelcache.stores.disk.netpublish import (
 )
 from kernelcache.stores.disk.tierlock import TierLock
 
+_log = logging.getLogger("kernelcache")
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from kernelcache.stores.disk.lru import Candidate, Record
+    from kernelcache.stores.disk.pack import Packs
 
 #: Eviction stops at this fraction of each cap. Near 1, so that a full tier
 #: keeps nearly all of its cap; cleaning runs about once per 1 % of the cap written.
@@ -132,6 +137,8 @@ class Space:
         self._caps = caps
         self.lock = TierLock(layout, network=network)
         self.cleaner = Cleaner(self)
+        #: Small entries' packs (local filesystems only; set by the store): see pack.py.
+        self.packs: Packs | None = None
         self._pid = os.getpid()
         self._doomed: list[str] = []
         self._leftover: list[str] = []
@@ -171,6 +178,11 @@ class Space:
             self._leftover.append(path)
 
     # Changes -------------------------------------------------------------
+    def scan(self, shard: str) -> tuple[list[Found], list[str]]:
+        """:func:`.layout.scan_shard` with the shard's packed records."""
+        packed = () if self.packs is None else self.packs.found(shard)
+        return scan_shard(self.layout, shard, packed)
+
     def publish(self, tmp: str, key: str, shard: str, size: int) -> None:
         """Rename the staged entry ``tmp`` into place, count it, evict if over a cap."""
         path = self.layout.entry_path(key, shard)
@@ -184,16 +196,111 @@ class Space:
             except FileNotFoundError:
                 old, new = 0, 1
             replace_counted(tally, tmp, path, size, old, new)
+            if self.packs is not None:  # a packed version of the key goes: one entry per key
+                self._unpack(tally, key, shard, replacing=True)
             self.clean(tally)
 
-    def remove(self, key: str, expect_ino: int | None = None) -> bool:
-        """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``."""
+    def publish_packed(self, key: str, shard: str, parts: list[bytes], size: int) -> None:
+        """Append ``key``'s packed entry to its shard's pack (:mod:`.pack`), count it, evict if
+        over a cap. An entry file of the key (a put of a large version, a cache of 0.x's
+        layout) is removed: the tier holds one entry per key."""
+        assert self.packs is not None
         with self.locked() as tally:
-            return self.remove_locked(tally, key, shard_of(key), expect_ino)
+            tally.add(size, 1)  # before the change: a crash leaves the counter high
+            try:
+                replaced = self.packs.append(key, shard, parts, size)
+            except OSError:
+                tally.add(-size, -1)  # nothing was published (the slot is filled last)
+                raise
+            if replaced >= 0:
+                tally.add(-replaced, -1)
+            self.remove_file_locked(tally, key, shard, None, replacing=True)
+            self.tidy(shard)
+            self.uncount_dropped(tally)
+            self.clean(tally)
 
-    def remove_locked(self, tally: Tally, key: str, shard: str, expect_ino: int | None) -> bool:
-        """Remove an entry under the lock; the rename into staging makes the inode check
-        look at the very file taken, so a newer entry is linked back and survives."""
+    def _unpack(
+        self,
+        tally: Tally,
+        key: str,
+        shard: str,
+        expect_offset: int | None = None,
+        expect_clock: int | None = None,
+        *,
+        replacing: bool = False,
+    ) -> bool:
+        """Remove ``key``'s packed record and count it; its extracted copies go too unless
+        it is ``replacing`` (a new version of the key: copies stay, as a file's replace
+        leaves them, since paths handed out for the old version may be in use)."""
+        assert self.packs is not None
+        freed = self.packs.remove(key, shard, expect_offset, expect_clock)
+        if freed < 0:
+            return False
+        if not replacing:
+            freed += self.take_folder(self.layout.key_folder(key, shard))
+        tally.add(-freed, -1)
+        if not replacing:  # an older file of the key a killed writer left goes too
+            self.remove_file_locked(tally, key, shard, None, replacing=True)
+        self.tidy(shard)
+        self.uncount_dropped(tally)
+        return True
+
+    def tidy(self, shard: str) -> None:
+        """Compact ``shard``'s pack if removals left it enough dead bytes; after the change
+        was counted, so a failure (a full disk) is counted and logged, never raised: the
+        change it follows is done."""
+        assert self.packs is not None
+        try:
+            self.packs.tidy(shard)
+        except OSError as exc:
+            self._count("errors", 1)
+            _log.warning("kernelcache: cannot compact the pack of shard %s: %s", shard, exc)
+
+    def uncount_dropped(self, tally: Tally) -> None:
+        """Uncount the damaged records that compactions dropped (they were entries)."""
+        assert self.packs is not None
+        size, count = self.packs.take_dropped()
+        if count:
+            tally.add(-size, -count)
+
+    def remove(
+        self,
+        key: str,
+        expect_ino: int | None = None,
+        expect_record: int | None = None,
+        expect_clock: int | None = None,
+    ) -> bool:
+        """Remove ``key`` and its extracted copies, unless the file is no longer ``expect_ino``
+        (a packed entry: unless its record is no longer at offset ``expect_record``, or was
+        used or replaced since its last use ``expect_clock``)."""
+        with self.locked() as tally:
+            return self.remove_locked(
+                tally, key, shard_of(key), expect_ino, expect_record, expect_clock
+            )
+
+    def remove_locked(
+        self,
+        tally: Tally,
+        key: str,
+        shard: str,
+        expect_ino: int | None,
+        expect_record: int | None = None,
+        expect_clock: int | None = None,
+    ) -> bool:
+        """Remove an entry under the lock, a file or a packed record (``expect_ino`` 0)."""
+        removed = False
+        if self.packs is not None and expect_ino in (None, 0):
+            removed = self._unpack(tally, key, shard, expect_record, expect_clock)
+        if expect_ino != 0:
+            removed = self.remove_file_locked(tally, key, shard, expect_ino) or removed
+        return removed
+
+    def remove_file_locked(
+        self, tally: Tally, key: str, shard: str, expect_ino: int | None, *, replacing: bool = False
+    ) -> bool:
+        """Remove an entry file under the lock; the rename into staging makes the inode check
+        look at the very file taken, so a newer entry is linked back and survives. Its
+        extracted copies go too, unless it is ``replacing`` (see :meth:`_unpack`)."""
         # Renames never follow a link at the name itself; these make sure no link
         # stands at a directory above it either (replaced once per process).
         self.layout.shard_dir(self.layout.entries, shard, create=True)
@@ -222,7 +329,9 @@ class Space:
             with contextlib.suppress(FileExistsError):  # EEXIST: an even newer entry is in place
                 os.link(dst, src, src_dir_fd=dst_fd, dst_dir_fd=src_fd)
             return False
-        freed = st.st_size + self.take_folder(self.layout.key_folder(key, shard))
+        freed = st.st_size
+        if not replacing:
+            freed += self.take_folder(self.layout.key_folder(key, shard))
         tally.add(-freed, -1)  # after the removal: a crash leaves it high, not low
         return True
 
@@ -275,9 +384,10 @@ class Space:
             try:
                 if not stat.S_ISREG(os.lstat(entry).st_mode):
                     return False
+                os.utime(entry, follow_symlinks=False)
             except FileNotFoundError:
-                return False
-            os.utime(entry, follow_symlinks=False)
+                if self.packs is None or not self.packs.used(key, shard):
+                    return False
             self.layout.shard_dir(self.layout.extracted, shard, create=True)
             folder = self.layout.key_folder(key, shard)
             self.layout.sub_folder(folder, create=True)
@@ -361,6 +471,18 @@ class Space:
     def _evict_one(self, tally: Tally, candidate: Candidate) -> None:
         if not is_valid_key(candidate.key) or shard_of(candidate.key) != candidate.shard:
             return  # a damaged queue record: it must never name a path outside the shard
+        if candidate.ino == 0:  # a packed entry (Found.ino): gone if unused since the scan
+            freed = -1
+            if self.packs is not None:
+                freed = self.packs.evict(candidate.key, candidate.shard, candidate.mtime_ns)
+            if freed >= 0:
+                freed += self.take_folder(self.layout.key_folder(candidate.key, candidate.shard))
+                tally.add(-freed, -1)
+                self._count("evictions", 1)
+                self.remove_file_locked(tally, candidate.key, candidate.shard, None, replacing=True)
+                self.tidy(candidate.shard)
+                self.uncount_dropped(tally)
+            return
         path = self.layout.entry_path(candidate.key, candidate.shard)
         try:
             st = os.lstat(path)
@@ -373,20 +495,20 @@ class Space:
 
     def _rescan(self, tally: Tally, shard: str) -> list[Record]:
         """A shard's entries for its queue; extraction folders of gone entries are removed."""
-        found, orphans = scan_shard(self.layout, shard)
+        found, orphans = self.scan(shard)
         for folder in orphans:
             tally.add(-self.take_folder(folder), 0)
-        return [(f.st.st_mtime_ns, f.st.st_ino, f.key) for f in found]
+        return [(f.clock_ns, f.ino, f.key) for f in found]
 
     def recount_locked(self, tally: Tally) -> tuple[int, int]:
         """Count the whole tier from its files (a full scan) and store the result."""
         size = count = 0
         for shard in shards():
-            found, orphans = scan_shard(self.layout, shard)
+            found, orphans = self.scan(shard)
             for folder in orphans:
                 self.take_folder(folder)  # not counted below, so not subtracted either
             size += sum(f.size for f in found)
-            count += len(found)
+            count += len(found) + sum(1 for f in found if f.shadow)  # a shadow: counted as put
         tally.set(size, count)
         return count, size
 
@@ -413,10 +535,16 @@ class Space:
             return self.recount()
         size = count = 0
         for shard in shards():
-            found, _orphans = scan_shard(self.layout, shard)
+            found, _orphans = self.scan(shard)
             size += sum(f.size for f in found)
-            count += len(found)
+            count += len(found) + sum(1 for f in found if f.shadow)
         return count, size
+
+    def drop_empty_packs(self) -> None:
+        """Remove the packs that hold no entry any more (``clear``), and uncount them."""
+        if self.packs is not None:
+            with self.locked():
+                self.packs.drop_empty()
 
     def close(self) -> bool:
         """Close the counter; whether no cleaner runs now (the open folders may go)."""

@@ -1,8 +1,11 @@
-"""Local-directory tier: one file per entry, published atomically, LRU under size caps.
+"""Local-directory tier: entries published atomically, LRU under size caps.
 
-Concurrency contract: readers see either no entry or a complete one (staging
-file, then one ``os.replace``), whatever happens to writers, including
-SIGKILL. Not power-loss durable unless ``durable=True`` (fsync before publish).
+An entry is a file of its own, or, when small and on a local filesystem, a
+record in its shard's pack (:mod:`.pack`). Concurrency contract: readers see
+either no entry or a complete one (staging file, then one ``os.replace``; or
+the record appended, then its index slot), whatever happens to writers,
+including SIGKILL. Not power-loss durable unless ``durable=True`` (fsync
+before publish).
 
 The store is get/put/delete and listing; where files live and which
 directories are trusted is :mod:`.layout`, the tier's counter, removals and
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kernelcache import fstype
 from kernelcache._fs import write_new
+from kernelcache.entry import Entry
 from kernelcache.errors import CorruptEntry, StoreError
 from kernelcache.stores.base import (
     Counters,
@@ -33,7 +37,7 @@ from kernelcache.stores.base import (
     check_caps,
     validate_key,
 )
-from kernelcache.stores.disk.entryfile import check_entry, info_of, read_entry
+from kernelcache.stores.disk.entryfile import check_entry, check_packed, info_of, read_entry
 from kernelcache.stores.disk.files import Extractor
 from kernelcache.stores.disk.layout import (
     NOATIME,
@@ -41,11 +45,12 @@ from kernelcache.stores.disk.layout import (
     SUFFIX,
     Layout,
     UnsafeDirectory,
-    scan_shard,
     shard_of,
     shards,
     tree_size,
 )
+from kernelcache.stores.disk.pack import DamagedRecord, Packs, info_of_packed
+from kernelcache.stores.disk.packindex import PACK_MAX
 from kernelcache.stores.disk.space import LOW_WATER, Space
 from kernelcache.stores.lockfile import FileFlightLock, sweep_locks
 
@@ -62,7 +67,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
     from typing import TypeVar
 
-    from kernelcache.entry import Entry
     from kernelcache.settings import Settings
 
     _T = TypeVar("_T")
@@ -98,6 +102,9 @@ class DiskStore(Store):
     kind = "disk"
     counters_class = DiskCounters
     counters: DiskCounters
+    #: Entries packed in at most this many bytes go in their shard's pack (pack.py);
+    #: 0 keeps a file per entry (tests of the file layout set it).
+    pack_max: int = PACK_MAX
 
     def __init__(
         self,
@@ -130,6 +137,16 @@ class DiskStore(Store):
             durable=durable,
             on_error=lambda: self._count("errors"),
         )
+        #: Small entries' packs (pack.py): on local filesystems only, where mapping
+        #: coherence and flock hold; a network filesystem keeps a file per entry.
+        self.packs = (
+            None
+            if self.filesystem.network
+            else Packs(
+                self.layout, read_only=read_only, durable=durable, max_bytes=lambda: self.max_bytes
+            )
+        )
+        self.space.packs = self.packs
         self.unusable = None
         self._entries = self.layout.entries
         # The checked shard directories hits open their entries in (layout.entries_fd).
@@ -264,18 +281,20 @@ class DiskStore(Store):
         # corrupt remove, a file outside the cache directory.
         validate_key(key)
         shard = shard_of(key)
+        if self.packs is not None and self.unusable is None:
+            entry = self._read_packed(key, shard)
+            if entry is not None:
+                return entry
         folder = self._folders.get(shard)
         if folder is None:
             self._usable()
             folder = self._guard(lambda: self.layout.entries_fd(shard))
             if folder is None:  # nothing was ever put in this shard
-                self.counters.misses += 1
-                return None
+                return self._missed(key, shard)
         try:
             fd = os.open(key + SUFFIX, self._open_read, dir_fd=folder)
         except FileNotFoundError:
-            self.counters.misses += 1
-            return None
+            return self._missed(key, shard)
         except OSError as exc:
             if exc.errno == errno.EPERM and self._open_read != OPEN_READ:
                 # A file of another owner (a cache directory of root's that users read).
@@ -313,6 +332,38 @@ class DiskStore(Store):
         counters.hits += 1
         counters.bytes_read += size
         return entry
+
+    def _read_packed(self, key: str, shard: str) -> Entry | None:
+        """``key``'s packed entry (pack.py), verified; ``None`` if it is not packed here. A
+        record that fails verification is a counted miss, removed if it is still there."""
+        assert self.packs is not None
+        try:
+            found = self.packs.read(key, shard, TOUCH_INTERVAL)
+        except DamagedRecord as exc:
+            self._count("corrupt")
+            if not self.read_only:  # the record read, never one published since
+                self._guard(functools.partial(self.space.remove, key, 0, exc.offset))
+            return None
+        except (OSError, ValueError):  # ValueError: a mapping closed by close() meanwhile
+            self._count("errors")  # the file path is tried next, as before packing
+            return None
+        if found is None:
+            return None
+        recorded, meta_raw, artifacts, size = found
+        counters = self.counters
+        counters.hits += 1
+        counters.bytes_read += size
+        return Entry.from_verified(artifacts, meta_raw, recorded, self.files)
+
+    def _missed(self, key: str, shard: str) -> Entry | None:
+        """A miss, unless the shard's pack was made or compacted by another process since
+        this one opened it (one ``stat``, on misses only): then the key is looked up again."""
+        if self.packs is not None and self.unusable is None and self.packs.stale(shard):
+            entry = self._read_packed(key, shard)
+            if entry is not None:
+                return entry
+        self.counters.misses += 1
+        return None
 
     def _retry(self, key: str, retry: bool) -> Entry | None:
         """Read ``key`` once more after ``ESTALE``; a second failure is a counted miss."""
@@ -390,6 +441,13 @@ class DiskStore(Store):
             self._count("evictions")
             return entry.bind(key)
         shard = shard_of(key)
+        if self.packs is not None and size <= self.pack_max:
+            try:
+                self.space.publish_packed(key, shard, parts, size)
+            except OSError as exc:
+                self._count("busy" if isinstance(exc, TimeoutError) else "errors")
+                raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+            return self._stored(key, entry, size)
         if shard not in self._checked:
             self._check_shard(shard, create=True)
         tmp = self.layout.staged(key[:64]) + ".tmp"
@@ -401,6 +459,9 @@ class DiskStore(Store):
             self._count("busy" if isinstance(exc, TimeoutError) else "errors")
             self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
             raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        return self._stored(key, entry, size)
+
+    def _stored(self, key: str, entry: Entry, size: int) -> Entry:
         self._count("puts")
         self._count("bytes_written", size)
         if time.monotonic() >= self._next_sweep:  # what a process of this node left (issue 40)
@@ -427,7 +488,10 @@ class DiskStore(Store):
         self._check_writable()
         self._usable()
         ino = info.extra.get("ino")
-        removed = self._guard(lambda: self.space.remove(info.key, expect_ino=ino))
+        # A packed entry is named by its last use (a compaction moves its record, and keeps
+        # that): one used or replaced since the listing stays, as a replaced file does.
+        clock = info.extra.get("clock_ns")
+        removed = self._guard(lambda: self.space.remove(info.key, ino, None, clock))
         if removed:
             self._count("deletes")
         return removed
@@ -450,14 +514,20 @@ class DiskStore(Store):
         ``extra`` has the file's ``path`` and ``ino`` and the copies' bytes (``extracted``)."""
         self._usable()
         for shard in shards():
-            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
+            found, _orphans = self._guard(functools.partial(self.space.scan, shard))
             for f in found:
-                yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
+                if f.st is None:
+                    yield info_of_packed(f, self.packs)
+                else:
+                    yield info_of(f.key, f.st, self.layout.entry_path(f.key, shard), f.extracted)
 
     def info(self, key: str) -> EntryInfo | None:
         """Size and times of one entry from its file's metadata, or ``None``."""
         validate_key(key)
         self._usable()
+        packed = self._packed_info(key)
+        if packed is not None:  # what a get serves, if an older file of the key is left too
+            return packed
         path = self.layout.entry_path(key)
         try:
             st = os.lstat(path)
@@ -466,6 +536,19 @@ class DiskStore(Store):
         if not stat.S_ISREG(st.st_mode):
             return None
         return info_of(key, st, path, tree_size(self.layout.key_folder(key)))
+
+    def _packed_info(self, key: str) -> EntryInfo | None:
+        if self.packs is None:
+            return None
+        shard = shard_of(key)
+        where = self._guard(lambda: self.packs.where(key, shard) if self.packs else None)
+        if where is None:
+            return None
+        for f in self.packs.found(shard):
+            if f.key == key:
+                f.extracted = tree_size(self.layout.key_folder(key, shard))
+                return info_of_packed(f, self.packs)
+        return None
 
     def usage(self) -> tuple[int, int]:
         """``(entries, bytes)`` of the whole tier from its counter (cheap; exact unless a
@@ -482,6 +565,8 @@ class DiskStore(Store):
     def check(self, info: EntryInfo) -> Damage | None:
         """Verify the entry file and its extracted copies (removing nothing)."""
         self._usable()
+        if info.extra.get("packed"):
+            return self._guard(lambda: check_packed(self.packs, self.files, info))
         return self._guard(lambda: check_entry(self.layout, self.files, info))
 
     def sweep(self) -> None:
@@ -496,10 +581,11 @@ class DiskStore(Store):
         self._usable()
         removed = 0
         for shard in shards():
-            found, _orphans = self._guard(functools.partial(scan_shard, self.layout, shard))
-            for f in found:
-                if self._guard(functools.partial(self.space.remove, f.key, f.st.st_ino)):
+            found, _orphans = self._guard(functools.partial(self.space.scan, shard))
+            for f in found:  # a packed entry: whatever version of it is there now
+                if self._guard(functools.partial(self.space.remove, f.key, f.ino)):
                     removed += 1
+        self._guard(self.space.drop_empty_packs)
         self._guard(self.space.recount)  # and extraction folders of no entry go too
         return removed
 
@@ -508,6 +594,8 @@ class DiskStore(Store):
             self.layout.close()
         # else a cleaner still runs (a slow filesystem) and names its files relative to
         # the open folders: they are closed when the layout is collected, after it ends.
+        if self.packs is not None:  # local filesystems only, where eviction runs inline
+            self.packs.close()
         super().close()
 
 
