@@ -346,8 +346,9 @@ class Space:
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
-        (src_fd, src), (dst_fd, dst) = self.layout.at(folder), self.layout.at(trash)
+        dst_fd, dst = self.layout.at(trash)
         try:
+            src_fd, src = self.layout.at(folder)  # no shard folder yet: absent as well
             os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         except FileNotFoundError:
             return 0
