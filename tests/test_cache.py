@@ -59,6 +59,7 @@ def test_broken_disk_tier_is_a_miss_and_a_counter(tmp_path: Path) -> None:
     broken = DiskStore(tmp_path / "broken")
     good = DiskStore(tmp_path / "good")
     good.put(KEY, ENTRY)
+    broken.pack_max = 0  # entries as files, none packed: the fault below reaches them all
     # A real fault: the tier's entry directories are replaced by a file (ENOTDIR on every access).
     entries = tmp_path / "broken" / "v1" / "entries"
     shutil.rmtree(entries)
