@@ -342,7 +342,10 @@ class DiskStore(Store):
         except DamagedRecord as exc:
             self._count("corrupt")
             if not self.read_only:  # the record read, never one published since
-                self._guard(functools.partial(self.space.remove, key, 0, exc.offset))
+                try:
+                    self.space.remove(key, 0, exc.offset)
+                except OSError:  # read-only media: left, found again (as _corrupt does)
+                    self._count("errors")
             return None
         except (OSError, ValueError):  # ValueError: a mapping closed by close() meanwhile
             self._count("errors")  # the file path is tried next, as before packing

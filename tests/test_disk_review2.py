@@ -1,0 +1,90 @@
+"""Second review of the disk tier after the pack, netput and wake merges: each test shows a
+bug found where packs meet the rest of the tier (fixed, or ``xfail(strict=True)`` with the
+fix idea in its reason). Damage is made to the pack's real bytes; read-only media are a
+real read-only bind mount (as root) or folders without write permission.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kernelcache import Entry
+from kernelcache.stores.disk import DiskStore, shard_of
+
+
+def key_in(shard: str, prefix: str = "r2key") -> str:
+    return next(f"{prefix}{i:06d}" for i in range(10_000) if shard_of(f"{prefix}{i:06d}") == shard)
+
+
+def entry(key: str, size: int = 3000) -> Entry:
+    return Entry({"data": (key.encode() * (size // len(key) + 1))[:size]})
+
+
+def damage_record(store: DiskStore, key: str) -> None:
+    """Flip a byte inside ``key``'s packed record (its artifact's bytes)."""
+    assert store.packs is not None
+    shard = shard_of(key)
+    where = store.packs.where(key, shard)
+    assert where is not None
+    offset, length = where
+    gen = store.packs.shard(shard).header()[2]  # type: ignore[union-attr]
+    data = Path(store.packs.folder) / f"{shard}.{gen}.dat"
+    raw = bytearray(data.read_bytes())
+    raw[offset + length - 100] ^= 0xFF
+    data.write_bytes(raw)
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` read-only for this process: a read-only bind mount as root, else chmod
+    (as tests/test_disk_safety.py does)."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in (path, *path.rglob("*")) if p.is_dir()}
+        for p in modes:
+            p.chmod(0o500)
+        try:
+            yield
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    mount = ["mount", "--bind", str(path), str(path)]
+    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("cannot make a read-only mount here")
+    try:
+        remount = ["mount", "-o", "remount,ro,bind", str(path)]
+        subprocess.run(remount, check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True, capture_output=True)
+
+
+# A damaged packed record on read-only media -----------------------------------------
+
+
+def test_a_damaged_packed_record_on_read_only_media_is_a_counted_miss(tmp_path: Path) -> None:
+    """A get that finds a packed record damaged removes it; on read-only media (a tier that
+    still serves reads) that removal fails with EROFS, which raised StoreError out of get,
+    where a damaged entry file is a counted miss (DiskStore._corrupt)."""
+    root = tmp_path / "c"
+    good, bad = key_in("3", "good"), key_in("3", "bad")
+    writer = DiskStore(root)
+    writer.put(good, entry(good))
+    writer.put(bad, entry(bad))
+    damage_record(writer, bad)
+    writer.close()
+    with read_only(root):
+        store = DiskStore(root)  # not read_only: the media are
+        assert store.get(good) == entry(good)
+        assert store.get(bad) is None
+        assert store.counters.corrupt == 1
+        assert store.counters.misses == 1
+        assert store.get(good) == entry(good)  # the tier still serves
+        store.close()
