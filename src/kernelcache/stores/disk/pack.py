@@ -174,7 +174,8 @@ class Packs:
         if s is not None:
             # Not closed here: another thread may be reading it (a closed fd's number
             # reused would read another file). Closed when the last user lets it go.
-            del self._shards[name]
+            # Popped, not deleted: another thread that saw it retired may have taken it.
+            self._shards.pop(name, None)
         s = self._attach(name)
         if s is None and create:
             self._create(name)
@@ -197,7 +198,7 @@ class Packs:
             if ino != s.ino:
                 if s.writable:
                     s.retire()
-                del self._shards[name]
+                self._shards.pop(name, None)  # a reader thread may have taken it (shard)
         held = self._shards.get(name)
         s = self.shard(name, create)
         if s is not None and s.writable and s is not held:
