@@ -187,6 +187,7 @@ class Layout:
         self._pid = os.getpid()
         self._folders = _Folders()
         self._open_dirs = _Folders()  # folder_fd's, by path
+        self._gone = _Folders()  # folder_fd's of folders removed since (forget_moved)
         # The folders that stay for the tree's life (at() opens them; never a key's).
         self._lasting = {
             self.base,
@@ -324,11 +325,38 @@ class Layout:
             return None, path
         return self.folder_fd(folder), name
 
+    def forget_moved(self, *paths: str) -> bool:
+        """Whether the open folder of any of ``paths`` (:meth:`at`) is no longer the folder
+        at its name (removed, and made again by another process): each such one is
+        forgotten, and the folder there now checked (made when missing, a link there
+        replaced), so that the next :meth:`at` names what the path names. A request that
+        found nothing relative to an open folder asks this before it believes it."""
+        moved = False
+        for path in paths:
+            folder = path.rpartition("/")[0]
+            fd = self._open_dirs.get(folder)
+            if fd is None:
+                continue
+            try:
+                now = os.lstat(folder)
+                held = os.fstat(fd)
+                if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                    continue
+            except FileNotFoundError:
+                pass  # none there now: made below
+            if self._open_dirs.pop(folder, None) == fd:
+                # Not closed now: another thread may be naming a file relative to it.
+                self._gone[f"{folder}#{fd}"] = fd
+            self.directory(folder, create=True)
+            moved = True
+        return moved
+
     def close(self) -> None:
         """Close the directories :meth:`entries_fd` and :meth:`folder_fd` opened (they are
         opened again if needed)."""
         self._folders.close()
         self._open_dirs.close()
+        self._gone.close()
 
     # Checks --------------------------------------------------------------
     def check_root(self, create: bool) -> bool:

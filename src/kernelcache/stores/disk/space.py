@@ -312,7 +312,16 @@ class Space:
         try:
             os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         except FileNotFoundError:
-            return False
+            # Unless the open folders were removed since (the shard made again by another
+            # process): then once more, by what the names hold now. Not for a put's check
+            # for an older file of its key (rarely there; a packed one shadows it).
+            if replacing or not self.layout.forget_moved(path, trash):
+                return False
+            (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
+            try:
+                os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except FileNotFoundError:
+                return False
         self._doomed.append(trash)
         # On a network filesystem the rename took the server's file, which this node's
         # name cache may not know yet (another node replaced the entry): ask the server.
