@@ -186,3 +186,34 @@ def test_a_store_removes_entries_of_a_shard_folder_made_again_since_it_opened_it
     assert long_lived.usage() == (0, 0)
     other.close()
     long_lived.close()
+
+
+# A pack removed by hand while a store has it mapped ----------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a hit trusts the mapped index until its retired flag is set, which only a "
+    "compaction or clear of the tier sets: packs removed by hand (or the whole cache "
+    "directory) keep being served from the unlinked files, even once another process "
+    "published a new version. Fix idea: keep the index's fd and check st_nlink (or the "
+    "inode at <s>.idx) at most once per interval per shard (a monotonic clock per hit), "
+    "reattaching when it was removed; a file entry whose folder went is a miss already",
+)
+def test_a_pack_removed_by_hand_is_not_served_after_a_new_version_is_put(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "c"
+    key = key_in("5", "hand")
+    long_lived = DiskStore(root)
+    long_lived.put(key, Entry({"data": b"old" * 100}))
+    assert long_lived.get(key) == Entry({"data": b"old" * 100})
+    shutil.rmtree(root / "v1" / "packs")  # by hand: the tier's version is gone
+    other = DiskStore(root)
+    assert other.get(key) is None
+    other.put(key, Entry({"data": b"new" * 100}))
+    try:
+        assert long_lived.get(key) == Entry({"data": b"new" * 100})
+    finally:
+        other.close()
+        long_lived.close()
