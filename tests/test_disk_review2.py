@@ -164,22 +164,27 @@ def test_reader_threads_survive_compactions_by_another_process(tmp_path: Path) -
 def test_a_store_removes_entries_of_a_shard_folder_made_again_since_it_opened_it(
     tmp_path: Path,
 ) -> None:
-    """Removals name their file relative to the shard folder the store opened (Layout.at):
-    once that folder was removed and another store made the shard again, every delete,
-    clear and eviction of this store in the shard found nothing and left the entry served
-    (before the open folders, removals named the path)."""
+    """Removals name their file relative to the shard folders the store opened (Layout.at):
+    once those were removed and another store made the shard again, every delete, clear
+    and eviction of this store in the shard found nothing and left the entry served, and
+    its extracted copies (before the open folders, removals named the path)."""
     root = tmp_path / "c"
     first, second, third = (key_in("3", p) for p in ("one", "two", "three"))
     big = {k: entry(k, 40_000) for k in (first, second, third)}  # files, not packed
     long_lived = DiskStore(root)
     long_lived.put(first, big[first])
     assert long_lived.delete(first)  # the shard's folders are open now
-    shutil.rmtree(root / "v1" / "entries" / "3")  # by hand, or a folder repaired
+    for top in ("entries", "extracted"):
+        shutil.rmtree(root / "v1" / top / "3")  # by hand
     other = DiskStore(root)
     other.put(second, big[second])
     other.put(third, big[third])
+    got = other.get(second)
+    assert got is not None
+    assert Path(got.path("data")).read_bytes() == big[second]["data"]  # an extracted copy
     assert long_lived.delete(second)
     assert other.get(second) is None
+    assert not os.listdir(root / "v1" / "extracted" / "3")  # the copy went with it
     assert long_lived.clear() == 1
     assert other.get(third) is None
     assert not os.listdir(root / "v1" / "entries" / "3")

@@ -326,24 +326,17 @@ class Layout:
         return self.folder_fd(folder), name
 
     def forget_moved(self, *paths: str) -> bool:
-        """Whether the open folder of any of ``paths`` (:meth:`at`) is no longer the folder
-        at its name (removed, and made again by another process): each such one is
-        forgotten, and the folder there now checked (made when missing, a link there
-        replaced), so that the next :meth:`at` names what the path names. A request that
-        found nothing relative to an open folder asks this before it believes it."""
+        """Whether the open folder of any of ``paths`` (:meth:`at`) was removed since it was
+        opened (by hand; the tier made again by another process): each such one is
+        forgotten, and the folder at its name checked (made when missing), so that the
+        next :meth:`at` names what the path names. A request that found nothing relative
+        to an open folder asks this (an ``fstat`` per folder) before it believes it."""
         moved = False
         for path in paths:
             folder = path.rpartition("/")[0]
             fd = self._open_dirs.get(folder)
-            if fd is None:
+            if fd is None or os.fstat(fd).st_nlink:
                 continue
-            try:
-                now = os.lstat(folder)
-                held = os.fstat(fd)
-                if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                    continue
-            except FileNotFoundError:
-                pass  # none there now: made below
             if self._open_dirs.pop(folder, None) == fd:
                 # Not closed now: another thread may be naming a file relative to it.
                 self._gone[f"{folder}#{fd}"] = fd
