@@ -335,7 +335,7 @@ class Layout:
         for path in paths:
             folder = path.rpartition("/")[0]
             fd = self._open_dirs.get(folder)
-            if fd is None or os.fstat(fd).st_nlink:
+            if fd is None or _still_there(fd, folder):
                 continue
             if self._open_dirs.pop(folder, None) == fd:
                 # Not closed now: another thread may be naming a file relative to it.
@@ -449,6 +449,20 @@ class Layout:
         remove_tree(path)
         os.mkdir(path, 0o700)
         return True
+
+
+def _still_there(fd: int, folder: str) -> bool:
+    """Whether the open folder ``fd`` is still the folder at ``folder``: its link count
+    says so without a lookup (a filesystem that reports none for a live folder is asked
+    by name, so that no folder is forgotten, and opened again, at every miss)."""
+    held = os.fstat(fd)
+    if held.st_nlink:
+        return True
+    try:
+        now = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _write_tag(dir_fd: int) -> None:
