@@ -232,7 +232,9 @@ class Packs:
         self._shards.pop(name, None)  # looked up afresh by the next shard()
         return True
 
-    def _attach(self, name: str) -> ShardIndex | None:
+    def _attach(self, name: str, tries: int = 3) -> ShardIndex | None:
+        """Open shard ``name``'s index and data file; ``tries``: attempts left when a
+        compaction replaces the index between the two opens."""
         if not self._dir_ok(create=False):
             return None
         writable = not self.read_only
@@ -270,8 +272,12 @@ class Packs:
         try:
             flags = _OPEN_FILE if not writable else _OPEN_FILE & ~os.O_RDONLY | os.O_RDWR
             data = os.open(f"{self.folder}/{name}.{gen}.dat", flags)
-        except OSError:
+        except OSError as exc:
             mm.close()
+            if isinstance(exc, FileNotFoundError) and tries > 1 and self._replaced(name, st):
+                # A compaction swept this generation after renaming a new index in (its
+                # old data file goes last): the new one holds every entry. Not a miss.
+                return self._attach(name, tries - 1)
             return None
         if file_problem(os.fstat(data)) is not None:
             os.close(data)
@@ -279,6 +285,14 @@ class Packs:
             self.layout.refused()
             return None
         return ShardIndex(name, mm, data, st.st_ino, writable)
+
+    def _replaced(self, name: str, st: os.stat_result) -> bool:
+        """Whether shard ``name``'s index is no longer the file of status ``st``."""
+        try:
+            now = os.stat(f"{self.folder}/{name}.idx", follow_symlinks=False)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
 
     def _create(self, name: str, slots: int = _FIRST_SLOTS) -> None:
         """Make an empty pack for shard ``name`` (under the space lock), unless the packs'
