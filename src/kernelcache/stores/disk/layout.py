@@ -340,7 +340,8 @@ class Layout:
             if self._open_dirs.pop(folder, None) == fd:
                 # Not closed now: another thread may be naming a file relative to it.
                 self._gone[f"{folder}#{fd}"] = fd
-            self.directory(folder, create=True)
+            with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
+                self.directory(folder, create=True)
             moved = True
         return moved
 
