@@ -456,7 +456,10 @@ def _still_there(fd: int, folder: str) -> bool:
     """Whether the open folder ``fd`` is still the folder at ``folder``: its link count
     says so without a lookup (a filesystem that reports none for a live folder is asked
     by name, so that no folder is forgotten, and opened again, at every miss)."""
-    held = os.fstat(fd)
+    try:
+        held = os.fstat(fd)
+    except OSError:  # ESTALE: removed on a network filesystem's server
+        return False
     if held.st_nlink:
         return True
     try:
