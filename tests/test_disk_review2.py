@@ -226,3 +226,36 @@ def test_a_pack_removed_by_hand_is_not_served_after_a_new_version_is_put(
     finally:
         other.close()
         long_lived.close()
+
+
+# The cache directory moved aside and made again while a store has it open -------------------
+
+
+def _put_after_the_directory_moved(root: str) -> None:
+    """Put into ``root`` once it was moved aside and made again by another store."""
+    long_lived = DiskStore(root)
+    long_lived.put("before", Entry({"data": b"x" * 100}))
+    os.rename(root, root + ".aside")
+    DiskStore(root).put("other", Entry({"data": b"y" * 100}))
+    long_lived.put("after", Entry({"data": b"z" * 100}))  # packed: the space lock
+    long_lived.close()
+
+
+def test_a_put_after_the_cache_directory_was_moved_aside_and_made_again_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    """The space lock opens the counter relative to the open v1 folder and checks it by
+    path: once the folder was moved aside (and a new tree made at its name), every
+    attempt opened the moved counter again, found it was not the one at the path, and
+    started over: forever, a CPU spinning with the tier's thread lock held."""
+    root = str(tmp_path / "c")
+    child = multiprocessing.get_context("spawn").Process(
+        target=_put_after_the_directory_moved, args=(root,)
+    )
+    child.start()
+    child.join(120)  # a hang, not a speed: the put takes milliseconds
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
+    assert DiskStore(root).get("after") == Entry({"data": b"z" * 100})

@@ -337,13 +337,19 @@ class Layout:
             fd = self._open_dirs.get(folder)
             if fd is None or _still_there(fd, folder):
                 continue
-            if self._open_dirs.pop(folder, None) == fd:
-                # Not closed now: another thread may be naming a file relative to it.
-                self._gone[f"{folder}#{fd}"] = fd
+            self.forget(folder)
             with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
                 self.directory(folder, create=True)
             moved = True
         return moved
+
+    def forget(self, folder: str) -> None:
+        """Let the next :meth:`folder_fd` of ``folder`` open the folder its name holds then
+        (the one open now was moved or removed since)."""
+        fd = self._open_dirs.pop(folder, None)
+        if fd is not None:
+            # Not closed now: another thread may be naming a file relative to it.
+            self._gone[f"{folder}#{fd}"] = fd
 
     def close(self) -> None:
         """Close the directories :meth:`entries_fd` and :meth:`folder_fd` opened (they are
