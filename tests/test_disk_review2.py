@@ -259,3 +259,30 @@ def test_a_put_after_the_cache_directory_was_moved_aside_and_made_again_does_not
         child.join()
     assert child.exitcode == 0
     assert DiskStore(root).get("after") == Entry({"data": b"z" * 100})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a file put writes its staged file relative to the open staging folder (the "
+    "moved one) and renames it into place by path (the new tree): ENOENT, a StoreError "
+    "at every file put of a store open before the move; deletes of keys in shards it "
+    "had open find nothing too. Fix idea: name the rename's source relative to the "
+    "staging folder it was written in, and on a removal's miss compare the open folder "
+    "with the one at its name by inode (lstat), not only its link count (layout."
+    "forget_moved), at ~1 us per miss",
+)
+def test_a_file_put_after_the_cache_directory_was_moved_aside_and_made_again_is_stored(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "c"
+    long_lived = DiskStore(root)
+    long_lived.put("before", Entry({"data": b"x" * 40_000}))  # a file: staging is open
+    os.rename(root, tmp_path / "aside")
+    other = DiskStore(root)
+    other.put("other", Entry({"data": b"y" * 100}))
+    try:
+        long_lived.put("after", Entry({"data": b"z" * 40_000}))
+        assert other.get("after") == Entry({"data": b"z" * 40_000})
+    finally:
+        other.close()
+        long_lived.close()
