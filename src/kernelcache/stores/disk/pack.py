@@ -80,6 +80,9 @@ _CAP_SLACK = 0.01
 #: Where the key's length lies in an entry's prefix (entry_format._PREFIX: magic, 3 x u16).
 _KEY_LEN_AT = 14
 _OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Attempts to open a shard whose index compactions replace while it is opened (each
+#: failed one saw another compaction finish; a thread held off the GIL may see several).
+_ATTACH_TRIES = 16
 _SHARD_NAMES = shards()
 
 
@@ -232,7 +235,7 @@ class Packs:
         self._shards.pop(name, None)  # looked up afresh by the next shard()
         return True
 
-    def _attach(self, name: str, tries: int = 3) -> ShardIndex | None:
+    def _attach(self, name: str, tries: int = _ATTACH_TRIES) -> ShardIndex | None:
         """Open shard ``name``'s index and data file; ``tries``: attempts left when a
         compaction replaces the index between the two opens."""
         if not self._dir_ok(create=False):
@@ -273,8 +276,10 @@ class Packs:
             flags = _OPEN_FILE if not writable else _OPEN_FILE & ~os.O_RDONLY | os.O_RDWR
             data = os.open(f"{self.folder}/{name}.{gen}.dat", flags)
         except OSError as exc:
+            # Compared while still mapped: the old index's inode number cannot be reused.
+            again = isinstance(exc, FileNotFoundError) and tries > 1 and self._replaced(name, st)
             mm.close()
-            if isinstance(exc, FileNotFoundError) and tries > 1 and self._replaced(name, st):
+            if again:
                 # A compaction swept this generation after renaming a new index in (its
                 # old data file goes last): the new one holds every entry. Not a miss.
                 return self._attach(name, tries - 1)
