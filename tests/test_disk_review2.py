@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kernelcache import Entry
-from kernelcache.stores.disk import DiskStore, shard_of
+from kernelcache.stores.disk import DiskStore, pack, shard_of
 
 
 def key_in(shard: str, prefix: str = "r2key") -> str:
@@ -198,18 +198,11 @@ def test_a_store_removes_entries_of_a_shard_folder_made_again_since_it_opened_it
 # A pack removed by hand while a store has it mapped ----------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a hit trusts the mapped index until its retired flag is set, which only a "
-    "compaction or clear of the tier sets: packs removed by hand (or the whole cache "
-    "directory) keep being served from the unlinked files, even once another process "
-    "published a new version. Fix idea: keep the index's fd and check st_nlink (or the "
-    "inode at <s>.idx) at most once per interval per shard (a monotonic clock per hit), "
-    "reattaching when it was removed; a file entry whose folder went is a miss already",
-)
 def test_a_pack_removed_by_hand_is_not_served_after_a_new_version_is_put(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A hit checks its shard's data file at most every RECHECK_SECONDS: here, each time."""
+    monkeypatch.setattr(pack, "RECHECK_SECONDS", 0.0)
     root = tmp_path / "c"
     key = key_in("5", "hand")
     long_lived = DiskStore(root)
@@ -259,16 +252,6 @@ def test_a_put_after_the_cache_directory_was_moved_aside_and_made_again_does_not
     assert DiskStore(root).get("after") == Entry({"data": b"z" * 100})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a file put writes its staged file relative to the open staging folder (the "
-    "moved one) and renames it into place by path (the new tree): ENOENT, a StoreError "
-    "at every file put of a store open before the move; deletes of keys in shards it "
-    "had open find nothing too. Fix idea: name the rename's source relative to the "
-    "staging folder it was written in, and on a removal's miss compare the open folder "
-    "with the one at its name by inode (lstat), not only its link count (layout."
-    "forget_moved), at ~1 us per miss",
-)
 def test_a_file_put_after_the_cache_directory_was_moved_aside_and_made_again_is_stored(
     tmp_path: Path,
 ) -> None:

@@ -343,6 +343,29 @@ class Layout:
             moved = True
         return moved
 
+    def forget_replaced(self, *paths: str) -> bool:
+        """Like :meth:`forget_moved`, but also for an open folder that was renamed away, not
+        removed (the cache directory moved aside and made again): compared by name with the
+        folder at its path, a lookup each. For failures only (:meth:`DiskStore.put`)."""
+        replaced = False
+        for path in paths:
+            folder = path.rpartition("/")[0]
+            fd = self._open_dirs.get(folder)
+            if fd is None:
+                continue
+            held = os.fstat(fd)
+            try:
+                now = os.lstat(folder)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                continue
+            self.forget(folder)
+            with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
+                self.directory(folder, create=True)
+            replaced = True
+        return replaced
+
     def forget(self, folder: str) -> None:
         """Let the next :meth:`folder_fd` of ``folder`` open the folder its name holds then
         (the one open now was moved or removed since)."""

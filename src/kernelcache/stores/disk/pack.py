@@ -74,6 +74,9 @@ _MAX_LOAD = 0.6
 #: capped tier, its share of _CAP_SLACK of the cap. Dead bytes are outside the tier's
 #: counter (an eviction frees what it removes at once), as are indexes (32 B a slot).
 _DEAD_MIN = 1 << 14
+#: How often (seconds) a hit checks that its shard's data file is still linked: packs
+#: removed by hand (``rm -r``, the whole cache directory) stop being served within this.
+RECHECK_SECONDS = 1.0
 #: All packs' dead bytes together stay under this fraction of the cap: the margin that
 #: eviction leaves below the cap (space.LOW_WATER), so the cap holds on disk.
 _CAP_SLACK = 0.01
@@ -167,7 +170,7 @@ class Packs:
         """The open pack of shard ``name`` (reopened if it was retired), or ``None``.
         ``hit``: a get's lookup, which may trust a shard known to have no pack."""
         s = self._shards.get(name)
-        if s is not None and not s.retired:
+        if s is not None and not s.retired and not (hit and self._removed(s)):
             return s
         if s is None and name in self._shards and hit:
             # Known absent (or refused): a hit of a file must not pay a lookup for a pack
@@ -185,6 +188,20 @@ class Packs:
             s = self._attach(name)
         self._shards[name] = s
         return s
+
+    @staticmethod
+    def _removed(s: ShardIndex) -> bool:
+        """Whether ``s``'s data file was unlinked by hand (no compaction retired it), asked
+        at most every :data:`RECHECK_SECONDS`: an ``fstat``, not one per hit. A pack
+        removed so must not be served, least of all once another version is put."""
+        now = time.monotonic()
+        if now < s.check_at:
+            return False
+        s.check_at = now + RECHECK_SECONDS
+        try:
+            return os.fstat(s.data).st_nlink == 0
+        except OSError:
+            return True
 
     def locked_shard(self, name: str, create: bool = False) -> ShardIndex | None:
         """:meth:`shard` for a writer (under the space lock): the index at ``<name>.idx``
