@@ -187,6 +187,7 @@ class Layout:
         self._pid = os.getpid()
         self._folders = _Folders()
         self._open_dirs = _Folders()  # folder_fd's, by path
+        self._gone = _Folders()  # folder_fd's of folders removed since (forget_moved)
         # The folders that stay for the tree's life (at() opens them; never a key's).
         self._lasting = {
             self.base,
@@ -324,11 +325,61 @@ class Layout:
             return None, path
         return self.folder_fd(folder), name
 
+    def forget_moved(self, *paths: str) -> bool:
+        """Whether the open folder of any of ``paths`` (:meth:`at`) was removed since it was
+        opened (by hand; the tier made again by another process): each such one is
+        forgotten, and the folder at its name checked (made when missing), so that the
+        next :meth:`at` names what the path names. A request that found nothing relative
+        to an open folder asks this (an ``fstat`` per folder) before it believes it."""
+        moved = False
+        for path in paths:
+            folder = path.rpartition("/")[0]
+            fd = self._open_dirs.get(folder)
+            if fd is None or _still_there(fd, folder):
+                continue
+            self.forget(folder)
+            with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
+                self.directory(folder, create=True)
+            moved = True
+        return moved
+
+    def forget_replaced(self, *paths: str) -> bool:
+        """Like :meth:`forget_moved`, but also for an open folder that was renamed away, not
+        removed (the cache directory moved aside and made again): compared by name with the
+        folder at its path, a lookup each. For failures only (:meth:`DiskStore.put`)."""
+        replaced = False
+        for path in paths:
+            folder = path.rpartition("/")[0]
+            fd = self._open_dirs.get(folder)
+            if fd is None:
+                continue
+            held = os.fstat(fd)
+            try:
+                now = os.lstat(folder)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                continue
+            self.forget(folder)
+            with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
+                self.directory(folder, create=True)
+            replaced = True
+        return replaced
+
+    def forget(self, folder: str) -> None:
+        """Let the next :meth:`folder_fd` of ``folder`` open the folder its name holds then
+        (the one open now was moved or removed since)."""
+        fd = self._open_dirs.pop(folder, None)
+        if fd is not None:
+            # Not closed now: another thread may be naming a file relative to it.
+            self._gone[f"{folder}#{fd}"] = fd
+
     def close(self) -> None:
         """Close the directories :meth:`entries_fd` and :meth:`folder_fd` opened (they are
         opened again if needed)."""
         self._folders.close()
         self._open_dirs.close()
+        self._gone.close()
 
     # Checks --------------------------------------------------------------
     def check_root(self, create: bool) -> bool:
@@ -428,6 +479,23 @@ class Layout:
         remove_tree(path)
         os.mkdir(path, 0o700)
         return True
+
+
+def _still_there(fd: int, folder: str) -> bool:
+    """Whether the open folder ``fd`` is still the folder at ``folder``: its link count
+    says so without a lookup (a filesystem that reports none for a live folder is asked
+    by name, so that no folder is forgotten, and opened again, at every miss)."""
+    try:
+        held = os.fstat(fd)
+    except OSError:  # ESTALE: removed on a network filesystem's server
+        return False
+    if held.st_nlink:
+        return True
+    try:
+        now = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _write_tag(dir_fd: int) -> None:

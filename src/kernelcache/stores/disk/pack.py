@@ -74,12 +74,18 @@ _MAX_LOAD = 0.6
 #: capped tier, its share of _CAP_SLACK of the cap. Dead bytes are outside the tier's
 #: counter (an eviction frees what it removes at once), as are indexes (32 B a slot).
 _DEAD_MIN = 1 << 14
+#: How often (seconds) a hit checks that its shard's data file is still linked: packs
+#: removed by hand (``rm -r``, the whole cache directory) stop being served within this.
+RECHECK_SECONDS = 1.0
 #: All packs' dead bytes together stay under this fraction of the cap: the margin that
 #: eviction leaves below the cap (space.LOW_WATER), so the cap holds on disk.
 _CAP_SLACK = 0.01
 #: Where the key's length lies in an entry's prefix (entry_format._PREFIX: magic, 3 x u16).
 _KEY_LEN_AT = 14
 _OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+#: Attempts to open a shard whose index compactions replace while it is opened (each
+#: failed one saw another compaction finish; a thread held off the GIL may see several).
+_ATTACH_TRIES = 16
 _SHARD_NAMES = shards()
 
 
@@ -164,7 +170,7 @@ class Packs:
         """The open pack of shard ``name`` (reopened if it was retired), or ``None``.
         ``hit``: a get's lookup, which may trust a shard known to have no pack."""
         s = self._shards.get(name)
-        if s is not None and not s.retired:
+        if s is not None and not s.retired and not (hit and self._removed(s)):
             return s
         if s is None and name in self._shards and hit:
             # Known absent (or refused): a hit of a file must not pay a lookup for a pack
@@ -174,13 +180,28 @@ class Packs:
         if s is not None:
             # Not closed here: another thread may be reading it (a closed fd's number
             # reused would read another file). Closed when the last user lets it go.
-            del self._shards[name]
+            # Popped, not deleted: another thread that saw it retired may have taken it.
+            self._shards.pop(name, None)
         s = self._attach(name)
         if s is None and create:
             self._create(name)
             s = self._attach(name)
         self._shards[name] = s
         return s
+
+    @staticmethod
+    def _removed(s: ShardIndex) -> bool:
+        """Whether ``s``'s data file was unlinked by hand (no compaction retired it), asked
+        at most every :data:`RECHECK_SECONDS`: an ``fstat``, not one per hit. A pack
+        removed so must not be served, least of all once another version is put."""
+        now = time.monotonic()
+        if now < s.check_at:
+            return False
+        s.check_at = now + RECHECK_SECONDS
+        try:
+            return os.fstat(s.data).st_nlink == 0
+        except OSError:
+            return True
 
     def locked_shard(self, name: str, create: bool = False) -> ShardIndex | None:
         """:meth:`shard` for a writer (under the space lock): the index at ``<name>.idx``
@@ -197,7 +218,7 @@ class Packs:
             if ino != s.ino:
                 if s.writable:
                     s.retire()
-                del self._shards[name]
+                self._shards.pop(name, None)  # a reader thread may have taken it (shard)
         held = self._shards.get(name)
         s = self.shard(name, create)
         if s is not None and s.writable and s is not held:
@@ -231,7 +252,9 @@ class Packs:
         self._shards.pop(name, None)  # looked up afresh by the next shard()
         return True
 
-    def _attach(self, name: str) -> ShardIndex | None:
+    def _attach(self, name: str, tries: int = _ATTACH_TRIES) -> ShardIndex | None:
+        """Open shard ``name``'s index and data file; ``tries``: attempts left when a
+        compaction replaces the index between the two opens."""
         if not self._dir_ok(create=False):
             return None
         writable = not self.read_only
@@ -269,8 +292,14 @@ class Packs:
         try:
             flags = _OPEN_FILE if not writable else _OPEN_FILE & ~os.O_RDONLY | os.O_RDWR
             data = os.open(f"{self.folder}/{name}.{gen}.dat", flags)
-        except OSError:
+        except OSError as exc:
+            # Compared while still mapped: the old index's inode number cannot be reused.
+            again = isinstance(exc, FileNotFoundError) and tries > 1 and self._replaced(name, st)
             mm.close()
+            if again:
+                # A compaction swept this generation after renaming a new index in (its
+                # old data file goes last): the new one holds every entry. Not a miss.
+                return self._attach(name, tries - 1)
             return None
         if file_problem(os.fstat(data)) is not None:
             os.close(data)
@@ -278,6 +307,14 @@ class Packs:
             self.layout.refused()
             return None
         return ShardIndex(name, mm, data, st.st_ino, writable)
+
+    def _replaced(self, name: str, st: os.stat_result) -> bool:
+        """Whether shard ``name``'s index is no longer the file of status ``st``."""
+        try:
+            now = os.stat(f"{self.folder}/{name}.idx", follow_symlinks=False)
+        except OSError:
+            return False
+        return (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
 
     def _create(self, name: str, slots: int = _FIRST_SLOTS) -> None:
         """Make an empty pack for shard ``name`` (under the space lock), unless the packs'

@@ -87,7 +87,7 @@ def build_index(records: Sequence[tuple[int, int, int]], slots: int, gen: int) -
 class ShardIndex:
     """One shard's open index (mapped) and data file (read-write where ``writable``)."""
 
-    __slots__ = ("data", "ino", "mask", "mm", "name", "slots", "writable")
+    __slots__ = ("check_at", "data", "ino", "mask", "mm", "name", "slots", "writable")
 
     def __init__(self, name: str, mm: mmap.mmap, data: int, ino: int, writable: bool) -> None:
         self.name = name
@@ -97,6 +97,8 @@ class ShardIndex:
         self.slots = _HEADER.unpack_from(mm, 0)[2]
         self.mask = self.slots - 1
         self.writable = writable
+        #: When a hit next checks that the data file is still linked (pack.Packs.shard).
+        self.check_at = 0.0
 
     @property
     def retired(self) -> bool:

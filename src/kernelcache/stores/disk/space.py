@@ -308,11 +308,11 @@ class Space:
         path = self.layout.entry_path(key, shard)
         trash = self.layout.trash()
         # Relative to the open folders: one lookup per name on a network filesystem.
-        (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
-        try:
-            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-        except FileNotFoundError:
+        # Not looked for again for a put's check for an older file of its key (rarely
+        # there; a packed version shadows it): see _rename_away.
+        if not self._rename_away(path, trash, again=not replacing):
             return False
+        (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
         self._doomed.append(trash)
         # On a network filesystem the rename took the server's file, which this node's
         # name cache may not know yet (another node replaced the entry): ask the server.
@@ -343,14 +343,26 @@ class Space:
         low), and it checks afresh which file it removes."""
         probe(self.layout.entry_path(key), self.layout.trash, self.discard, self.layout.at)
 
+    def _rename_away(self, path: str, trash: str, again: bool = True) -> bool:
+        """Rename ``path`` to ``trash``, relative to the open folders (one lookup per name on
+        a network filesystem); ``False`` if ``path`` is absent. With ``again``, a path not
+        found relative to an open folder that was removed since (the shard made again by
+        another process) is looked for once more, by what the names hold now."""
+        while True:
+            try:
+                (src_fd, src), (dst_fd, dst) = self.layout.at(path), self.layout.at(trash)
+                os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except FileNotFoundError:  # no shard folder yet: absent as well
+                if not again or not self.layout.forget_moved(path, trash):
+                    return False
+                again = False
+            else:
+                return True
+
     def take_folder(self, folder: str) -> int:
         """Rename ``folder`` into staging (deleted after the lock); its bytes, 0 if absent."""
         trash = self.layout.trash()
-        dst_fd, dst = self.layout.at(trash)
-        try:
-            src_fd, src = self.layout.at(folder)  # no shard folder yet: absent as well
-            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
-        except FileNotFoundError:
+        if not self._rename_away(folder, trash):
             return 0
         self._doomed.append(trash)
         if not stat.S_ISDIR(os.lstat(trash).st_mode):

@@ -342,7 +342,10 @@ class DiskStore(Store):
         except DamagedRecord as exc:
             self._count("corrupt")
             if not self.read_only:  # the record read, never one published since
-                self._guard(functools.partial(self.space.remove, key, 0, exc.offset))
+                try:
+                    self.space.remove(key, 0, exc.offset)
+                except OSError:  # read-only media: left, found again (as _corrupt does)
+                    self._count("errors")
             return None
         except (OSError, ValueError):  # ValueError: a mapping closed by close() meanwhile
             self._count("errors")  # the file path is tried next, as before packing
@@ -448,18 +451,38 @@ class DiskStore(Store):
                 self._count("busy" if isinstance(exc, TimeoutError) else "errors")
                 raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
             return self._stored(key, entry, size)
-        if shard not in self._checked:
-            self._check_shard(shard, create=True)
-        tmp = self.layout.staged(key[:64]) + ".tmp"
+        for again in (False, True):
+            if shard not in self._checked:
+                self._check_shard(shard, create=True)
+            tmp = self.layout.staged(key[:64]) + ".tmp"
+            try:
+                folder, name = self.layout.at(tmp)  # one lookup, not one per folder (issue 40)
+                write_new(name, parts, durable=self.durable, dir_fd=folder)
+                self.space.publish(tmp, key, shard, size)
+                return self._stored(key, entry, size)
+            except OSError as exc:
+                self.space.discard(tmp)  # it may not exist yet (open failed) or any more
+                if not again and self._moved_aside(exc, tmp, shard):
+                    continue  # once more, in the folders the cache's path names now
+                self._count("busy" if isinstance(exc, TimeoutError) else "errors")
+                raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    def _moved_aside(self, exc: OSError, tmp: str, shard: str) -> bool:
+        """Whether a put failed because the cache directory was moved aside (or removed) and
+        made again since this store opened its folders: the staged file was written in the
+        old staging folder, and renamed by path in the new tree (ENOENT). Its open folders
+        are then forgotten, so that a second try uses what the path names now. Asked on a
+        failure only: a put that works pays nothing for it."""
+        if not isinstance(exc, FileNotFoundError):
+            return False
         try:
-            folder, name = self.layout.at(tmp)  # one lookup, not one per folder (issue 40)
-            write_new(name, parts, durable=self.durable, dir_fd=folder)
-            self.space.publish(tmp, key, shard, size)
-        except OSError as exc:
-            self._count("busy" if isinstance(exc, TimeoutError) else "errors")
-            self.space.discard(tmp)  # it may not exist yet (open failed) or any more (renamed)
-            raise StoreError(f"disk tier {self.path}: cannot store {key}: {exc}") from exc
-        return self._stored(key, entry, size)
+            moved = self.layout.forget_replaced(tmp)
+        except OSError:
+            return False
+        if moved:
+            self._checked.discard(shard)
+        return moved
 
     def _stored(self, key: str, entry: Entry, size: int) -> Entry:
         self._count("puts")

@@ -137,8 +137,12 @@ class TierLock:
             except OSError:
                 self._drop_fd()  # ESTALE/EIO with the lock taken: never leave it held
                 raise
-            # Deleted or replaced since we opened it: our lock guards nothing. Start over.
+            # Deleted or replaced since we opened it: our lock guards nothing. Start over,
+            # in the v1 folder the path names now: the open one may have been moved away
+            # (the cache directory moved aside and made again), and would give the same
+            # counter forever.
             self._drop_fd()
+            self.layout.forget(self.layout.base)
 
     def _drop_fd(self) -> None:
         """Close the counter's descriptor, which releases any flock on it."""
