@@ -320,9 +320,11 @@ def test_eviction_on_a_network_filesystem_holds_the_lock_briefly(
         assert store.counters.evictions > before
         assert store.usage() == store.recount()
         assert store.usage()[1] <= 400_000
-        # Each eviction removes ~2 entries here; on local disk the queue work (16 queue
-        # files loaded and saved) happens under the lock, on a network one it does not.
-        assert (max(holds) < 40) is network, max(holds)
+        # On local disk the queue work (16 queue files loaded and saved: ~160 operations)
+        # happens under the lock; on a network one it does not, and a hold is at most one
+        # batch of removals (~7 operations each; a cleaner behind on a loaded machine fills
+        # its batch: 43 seen).
+        assert (max(holds) <= 8 * (cleaner.BATCH_MAX + 1)) is network, max(holds)
     finally:
         fstype.forget()
 
