@@ -325,46 +325,27 @@ class Layout:
             return None, path
         return self.folder_fd(folder), name
 
-    def forget_moved(self, *paths: str) -> bool:
+    def forget_moved(self, *paths: str, renamed: bool = False) -> bool:
         """Whether the open folder of any of ``paths`` (:meth:`at`) was removed since it was
         opened (by hand; the tier made again by another process): each such one is
         forgotten, and the folder at its name checked (made when missing), so that the
         next :meth:`at` names what the path names. A request that found nothing relative
-        to an open folder asks this (an ``fstat`` per folder) before it believes it."""
+        to an open folder asks this (an ``fstat`` per folder) before it believes it.
+
+        ``renamed``: also a folder renamed away, not removed (the cache directory moved
+        aside and made again), compared by name with the one at its path: a lookup
+        each, for failures only (:meth:`DiskStore.put`)."""
         moved = False
         for path in paths:
             folder = path.rpartition("/")[0]
             fd = self._open_dirs.get(folder)
-            if fd is None or _still_there(fd, folder):
+            if fd is None or _still_there(fd, folder, by_name=renamed):
                 continue
             self.forget(folder)
             with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
                 self.directory(folder, create=True)
             moved = True
         return moved
-
-    def forget_replaced(self, *paths: str) -> bool:
-        """Like :meth:`forget_moved`, but also for an open folder that was renamed away, not
-        removed (the cache directory moved aside and made again): compared by name with the
-        folder at its path, a lookup each. For failures only (:meth:`DiskStore.put`)."""
-        replaced = False
-        for path in paths:
-            folder = path.rpartition("/")[0]
-            fd = self._open_dirs.get(folder)
-            if fd is None:
-                continue
-            held = os.fstat(fd)
-            try:
-                now = os.lstat(folder)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                continue
-            self.forget(folder)
-            with contextlib.suppress(FileNotFoundError):  # the whole tree went: absent
-                self.directory(folder, create=True)
-            replaced = True
-        return replaced
 
     def forget(self, folder: str) -> None:
         """Let the next :meth:`folder_fd` of ``folder`` open the folder its name holds then
@@ -481,15 +462,16 @@ class Layout:
         return True
 
 
-def _still_there(fd: int, folder: str) -> bool:
+def _still_there(fd: int, folder: str, by_name: bool = False) -> bool:
     """Whether the open folder ``fd`` is still the folder at ``folder``: its link count
     says so without a lookup (a filesystem that reports none for a live folder is asked
-    by name, so that no folder is forgotten, and opened again, at every miss)."""
+    by name, so that no folder is forgotten, and opened again, at every miss), unless
+    ``by_name`` (a folder renamed away keeps its links: only its name tells)."""
     try:
         held = os.fstat(fd)
     except OSError:  # ESTALE: removed on a network filesystem's server
         return False
-    if held.st_nlink:
+    if held.st_nlink and not by_name:
         return True
     try:
         now = os.lstat(folder)

@@ -477,7 +477,7 @@ class DiskStore(Store):
         if not isinstance(exc, FileNotFoundError):
             return False
         try:
-            moved = self.layout.forget_replaced(tmp)
+            moved = self.layout.forget_moved(tmp, renamed=True)
         except OSError:
             return False
         if moved:
