@@ -6,11 +6,80 @@ small entries now live in per-shard packs (stores/disk/pack.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Collection
+import shutil
+import subprocess
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
-from kernelcache.stores.disk import DiskStore
+import pytest
+
+from kernelcache import Entry
+from kernelcache.stores.disk import DiskStore, shard_of
+
+
+def in_shard(shard: str, count: int, prefix: str) -> list[str]:
+    """``count`` keys starting with ``prefix`` that fall in ``shard``."""
+    keys: list[str] = []
+    i = 0
+    while len(keys) < count:
+        key = f"{prefix}{i:06d}"
+        if shard_of(key) == shard:
+            keys.append(key)
+        i += 1
+    return keys
+
+
+def value(key: str, size: int = 4000) -> bytes:
+    """``size`` bytes made of ``key``: each key's entry differs, and reads back as itself."""
+    return (key.encode() * (size // len(key) + 1))[:size]
+
+
+def entry(key: str, size: int = 4000) -> Entry:
+    """An entry of :func:`value` (packed when small: 16 KB or less)."""
+    return Entry({"data": value(key, size)})
+
+
+def packs(store: DiskStore) -> Path:
+    """The folder of ``store``'s packs (``v1/packs``)."""
+    return Path(store.layout.base) / "packs"
+
+
+def flip_packed_byte(store: DiskStore, key: str, at: int) -> None:
+    """Flip the byte ``at`` bytes into ``key``'s packed record, in its shard's data file."""
+    info = store.info(key)
+    assert info is not None
+    assert info.extra.get("packed")
+    (data,) = packs(store).glob(f"{shard_of(key)}.*.dat")
+    raw = bytearray(data.read_bytes())
+    raw[info.extra["record"] + at] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` read-only for this process: a read-only bind mount as root, else chmod."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in (path, *path.rglob("*")) if p.is_dir()}
+        for p in modes:
+            p.chmod(0o500)
+        try:
+            yield
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    mount = ["mount", "--bind", str(path), str(path)]
+    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("cannot make a read-only mount here")
+    try:
+        remount = ["mount", "-o", "remount,ro,bind", str(path)]
+        subprocess.run(remount, check=True, capture_output=True)
+        yield
+    finally:
+        # Lazily: a store a failing test left open must not leave the mount behind.
+        subprocess.run(["umount", "-l", str(path)], check=True, capture_output=True)
 
 
 def stored_keys(root: str | os.PathLike[str]) -> list[str]:

@@ -11,42 +11,20 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kernelcache import Entry, Settings, StoreError
+from cli_run import kc as cli
+from disk_entries import entry, in_shard, packs, value
+from kernelcache import Settings, StoreError
 from kernelcache.stores.disk import DiskStore, shard_of
 from kernelcache.stores.disk.packindex import PACK_MAX
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 SHARD = "3"
-
-
-def in_shard(shard: str, count: int, prefix: str) -> list[str]:
-    keys: list[str] = []
-    i = 0
-    while len(keys) < count:
-        key = f"{prefix}{i:06d}"
-        if shard_of(key) == shard:
-            keys.append(key)
-        i += 1
-    return keys
-
-
-def value(key: str, size: int = 4000) -> bytes:
-    return (key.encode() * (size // len(key) + 1))[:size]
-
-
-def entry(key: str, size: int = 4000) -> Entry:
-    return Entry({"data": value(key, size)})
-
-
-def packs(store: DiskStore) -> Path:
-    return Path(store.layout.base) / "packs"
 
 
 def on_disk(store: DiskStore) -> int:
@@ -283,16 +261,7 @@ def test_an_extracted_packed_entry_is_a_file_and_its_copies_are_counted(tmp_path
 
 
 def kc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELCACHE_")}
-    env["PYTHONPATH"] = SRC
-    return subprocess.run(
-        [sys.executable, "-m", "kernelcache", "--dir", str(root), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
+    return cli("--dir", str(root), *args, env={})
 
 
 def test_ls_verify_prune_and_clear_see_packed_entries(tmp_path: Path) -> None:

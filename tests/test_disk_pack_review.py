@@ -16,33 +16,15 @@ from types import FrameType
 
 import pytest
 
+from disk_entries import entry, flip_packed_byte, in_shard, packs
 from kernelcache import Entry, maintenance
-from kernelcache.stores.disk import DiskStore, packindex, shard_of
+from kernelcache.stores.disk import DiskStore, packindex
 from kernelcache.stores.disk import pack as pack_module
 from kernelcache.stores.disk.space import Space
 
 SHARD = "3"
 HEADER = 64  # packindex.py: magic, retired, slots, generation, end, used, live, dead
 SLOT = 32  # key hash, offset, length, flags, clock
-
-
-def in_shard(shard: str, count: int, prefix: str) -> list[str]:
-    keys: list[str] = []
-    i = 0
-    while len(keys) < count:
-        key = f"{prefix}{i:06d}"
-        if shard_of(key) == shard:
-            keys.append(key)
-        i += 1
-    return keys
-
-
-def entry(key: str, size: int = 4000) -> Entry:
-    return Entry({"data": (key.encode() * (size // len(key) + 1))[:size]})
-
-
-def packs(store: DiskStore) -> Path:
-    return Path(store.layout.base) / "packs"
 
 
 def slot_at(index: bytes | bytearray, offset: int) -> int:
@@ -465,12 +447,7 @@ def test_verify_reports_a_packed_record_whose_header_is_damaged(tmp_path: Path) 
     keys = in_shard(SHARD, 3, "v")
     for key in keys:
         store.put(key, entry(key))
-    info = store.info(keys[1])
-    assert info is not None
-    (data,) = packs(store).glob(f"{SHARD}.*.dat")
-    raw = bytearray(data.read_bytes())
-    raw[info.extra["record"]] ^= 0xFF  # the entry's magic
-    data.write_bytes(bytes(raw))
+    flip_packed_byte(store, keys[1], 0)  # the entry's magic
     checker = DiskStore(root)
     listed = {i.key: i for i in checker.scan()}
     assert keys[1] in listed  # a damaged entry file is listed by its name
@@ -483,12 +460,7 @@ def test_a_compaction_drops_a_damaged_record_instead_of_copying_it(tmp_path: Pat
     keys = in_shard(SHARD, 3, "d")
     for key in keys:
         store.put(key, entry(key))
-    info = store.info(keys[1])
-    assert info is not None
-    (data,) = packs(store).glob(f"{SHARD}.*.dat")
-    raw = bytearray(data.read_bytes())
-    raw[info.extra["record"] + 1000] ^= 0xFF  # inside the entry's data
-    data.write_bytes(bytes(raw))
+    flip_packed_byte(store, keys[1], 1000)  # inside the entry's data
     writer = DiskStore(root)
     first = set(packs(store).glob(f"{SHARD}.*.dat"))
     for i in range(12):  # replaced until the dead bytes make the shard compact

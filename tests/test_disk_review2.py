@@ -6,69 +6,18 @@ real read-only bind mount (as root) or folders without write permission.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from disk_entries import entry, flip_packed_byte, in_shard, read_only
 from kernelcache import Entry
 from kernelcache.stores.disk import DiskStore, pack, shard_of
-
-
-def key_in(shard: str, prefix: str = "r2key") -> str:
-    return next(f"{prefix}{i:06d}" for i in range(10_000) if shard_of(f"{prefix}{i:06d}") == shard)
-
-
-def entry(key: str, size: int = 3000) -> Entry:
-    return Entry({"data": (key.encode() * (size // len(key) + 1))[:size]})
-
-
-def damage_record(store: DiskStore, key: str) -> None:
-    """Flip a byte inside ``key``'s packed record (its artifact's bytes)."""
-    assert store.packs is not None
-    shard = shard_of(key)
-    where = store.packs.where(key, shard)
-    assert where is not None
-    offset, length = where
-    gen = store.packs.shard(shard).header()[2]  # type: ignore[union-attr]
-    data = Path(store.packs.folder) / f"{shard}.{gen}.dat"
-    raw = bytearray(data.read_bytes())
-    raw[offset + length - 100] ^= 0xFF
-    data.write_bytes(raw)
-
-
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """``path`` read-only for this process: a read-only bind mount as root, else chmod
-    (as tests/test_disk_safety.py does)."""
-    if os.geteuid() != 0:
-        modes = {p: p.stat().st_mode for p in (path, *path.rglob("*")) if p.is_dir()}
-        for p in modes:
-            p.chmod(0o500)
-        try:
-            yield
-        finally:
-            for p, mode in modes.items():
-                p.chmod(mode)
-        return
-    mount = ["mount", "--bind", str(path), str(path)]
-    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
-        pytest.skip("cannot make a read-only mount here")
-    try:
-        remount = ["mount", "-o", "remount,ro,bind", str(path)]
-        subprocess.run(remount, check=True, capture_output=True)
-        yield
-    finally:
-        # Lazily: a store a failing test left open must not leave the mount behind.
-        subprocess.run(["umount", "-l", str(path)], check=True, capture_output=True)
-
 
 # A damaged packed record on read-only media -----------------------------------------
 
@@ -78,11 +27,11 @@ def test_a_damaged_packed_record_on_read_only_media_is_a_counted_miss(tmp_path: 
     still serves reads) that removal fails with EROFS, which raised StoreError out of get,
     where a damaged entry file is a counted miss (DiskStore._corrupt)."""
     root = tmp_path / "c"
-    good, bad = key_in("3", "good"), key_in("3", "bad")
+    good, bad = in_shard("3", 1, "good")[0], in_shard("3", 1, "bad")[0]
     writer = DiskStore(root)
     writer.put(good, entry(good))
     writer.put(bad, entry(bad))
-    damage_record(writer, bad)
+    flip_packed_byte(writer, bad, 3000)  # inside its data
     writer.close()
     with read_only(root):
         store = DiskStore(root)  # not read_only: the media are
@@ -118,7 +67,7 @@ def test_reader_threads_survive_compactions_by_another_process(tmp_path: Path) -
     fix most runs of this size failed, none after it. (Misses of keys that were there all
     along are not asserted: a rare one is left, see the review's report.)"""
     root = str(tmp_path / "c")
-    keys = [key_in("3", f"t{i}") for i in range(4)]
+    keys = [in_shard("3", 1, f"t{i}")[0] for i in range(4)]
     writer = DiskStore(root)
     for key in keys:
         writer.put(key, Entry({"data": key.encode() * 300}))
@@ -171,7 +120,7 @@ def test_a_store_removes_entries_of_a_shard_folder_made_again_since_it_opened_it
     and eviction of this store in the shard found nothing and left the entry served, and
     its extracted copies (before the open folders, removals named the path)."""
     root = tmp_path / "c"
-    first, second, third = (key_in("3", p) for p in ("one", "two", "three"))
+    first, second, third = (in_shard("3", 1, p)[0] for p in ("one", "two", "three"))
     big = {k: entry(k, 40_000) for k in (first, second, third)}  # files, not packed
     long_lived = DiskStore(root)
     long_lived.put(first, big[first])
@@ -204,7 +153,7 @@ def test_a_pack_removed_by_hand_is_not_served_after_a_new_version_is_put(
     """A hit checks its shard's data file at most every RECHECK_SECONDS: here, each time."""
     monkeypatch.setattr(pack, "RECHECK_SECONDS", 0.0)
     root = tmp_path / "c"
-    key = key_in("5", "hand")
+    key = in_shard("5", 1, "hand")[0]
     long_lived = DiskStore(root)
     long_lived.put(key, Entry({"data": b"old" * 100}))
     assert long_lived.get(key) == Entry({"data": b"old" * 100})

@@ -9,11 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from disk_entries import read_only
 from kernelcache import Cache, Entry, Settings, StoreError, _fs
 from kernelcache.stores.disk import DiskStore, shard_of
 
@@ -290,30 +291,6 @@ def test_a_directory_others_can_write_is_refused_and_the_cache_still_works(
 
 
 # Read-only media and broken layouts ---------------------------------------
-@contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """``path`` read-only for this process: a read-only bind mount as root, else chmod."""
-    if os.geteuid() != 0:
-        modes = {p: p.stat().st_mode for p in (path, *path.rglob("*")) if p.is_dir()}
-        for p in modes:
-            p.chmod(0o500)
-        try:
-            yield
-        finally:
-            for p, mode in modes.items():
-                p.chmod(mode)
-        return
-    mount = ["mount", "--bind", str(path), str(path)]
-    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
-        pytest.skip("cannot make a read-only mount here")
-    try:
-        remount = ["mount", "-o", "remount,ro,bind", str(path)]
-        subprocess.run(remount, check=True, capture_output=True)
-        yield
-    finally:
-        subprocess.run(["umount", str(path)], check=True, capture_output=True)
-
-
 def test_cache_works_on_a_read_only_cache_directory(tmp_path: Path) -> None:
     root = tmp_path / "c"
     with Cache(settings=Settings.load(dir=str(root))) as cache:
