@@ -376,23 +376,27 @@ class Packs:
                 s.touch(i, now)
         return recorded, meta_raw, artifacts, length
 
-    def where(self, key: str, shard: str) -> tuple[int, int] | None:
-        """``(offset, length)`` of ``key``'s record, or ``None``."""
-        s = self.shard(shard)
+    def _find(self, key: str, shard: str, locked: bool = False) -> tuple[ShardIndex, int] | None:
+        """``key``'s shard index and slot, or ``None`` (not packed). ``locked``: a writer's,
+        under the space lock (:meth:`locked_shard`). A get inlines this (:meth:`read`)."""
+        s = self.locked_shard(shard) if locked else self.shard(shard)
         if s is None:
             return None
         i = s.find(key_hash(key))
-        return None if i < 0 else s.slot(i)[1:3]
+        return None if i < 0 else (s, i)
+
+    def where(self, key: str, shard: str) -> tuple[int, int] | None:
+        """``(offset, length)`` of ``key``'s record, or ``None``."""
+        found = self._find(key, shard)
+        return None if found is None else found[0].slot(found[1])[1:3]
 
     def raw(self, key: str, shard: str, offset: int, clock: int | None = None) -> bytes | None:
         """The bytes of ``key``'s record if it is still the one at ``offset``, or the one
         last used at ``clock`` (moved by a compaction since it was listed; verify)."""
-        s = self.shard(shard)
-        if s is None:
+        found = self._find(key, shard)
+        if found is None:
             return None
-        i = s.find(key_hash(key))
-        if i < 0:
-            return None
+        s, i = found
         _h, at, length, _flags, used = s.slot(i)
         if at != offset and (clock is None or used != clock):
             return None
@@ -472,12 +476,10 @@ class Packs:
     ) -> int:
         """Drop ``key``'s record (if it is still at ``expect_offset``, and last used at
         ``expect_clock``: a listing's name for it, which compaction keeps); its bytes, or -1."""
-        s = self.locked_shard(shard)
-        if s is None:
+        found = self._find(key, shard, locked=True)
+        if found is None:
             return -1
-        i = s.find(key_hash(key))
-        if i < 0:
-            return -1
+        s, i = found
         _h, offset, length, _flags, clock = s.slot(i)
         if expect_offset is not None and offset != expect_offset:
             return -1
@@ -490,22 +492,20 @@ class Packs:
 
     def evict(self, key: str, shard: str, clock_ns: int) -> int:
         """Drop ``key``'s record if it was not used since ``clock_ns``; its bytes, or -1."""
-        s = self.locked_shard(shard)
-        if s is None:
+        found = self._find(key, shard, locked=True)
+        if found is None:
             return -1
-        i = s.find(key_hash(key))
-        if i < 0 or s.slot(i)[4] != clock_ns:
+        _h, offset, _length, _flags, clock = found[0].slot(found[1])
+        if clock != clock_ns:
             return -1  # used or replaced since the scan
-        return self.remove(key, shard, s.slot(i)[1])
+        return self.remove(key, shard, offset)
 
     def used(self, key: str, shard: str) -> bool:
         """Whether ``key`` is packed; marks it used now (an extraction's entry stays)."""
-        s = self.locked_shard(shard)
-        if s is None:
+        found = self._find(key, shard, locked=True)
+        if found is None:
             return False
-        i = s.find(key_hash(key))
-        if i < 0:
-            return False
+        s, i = found
         if s.writable:
             s.touch(i, time.time_ns())
         return True
