@@ -7,6 +7,7 @@ small entries now live in per-shard packs (stores/disk/pack.py).
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from kernelcache import Entry
 from kernelcache.stores.disk import DiskStore, shard_of
+from kernelcache.stores.disk.packindex import generation
 
 
 def in_shard(shard: str, count: int, prefix: str) -> list[str]:
@@ -46,12 +48,25 @@ def packs(store: DiskStore) -> Path:
     return Path(store.layout.base) / "packs"
 
 
+def data_file(store: DiskStore, shard: str) -> Path:
+    """The data file that ``shard``'s index names now. Found by the index's generation,
+    not by a glob: a compaction killed before its sweep leaves another generation's file
+    beside it (until the shard's next writer removes it)."""
+    with (
+        (packs(store) / f"{shard}.idx").open("rb") as f,
+        mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+    ):
+        gen = generation(mm)
+    assert gen is not None, f"shard {shard}'s index is not an index"
+    return packs(store) / f"{shard}.{gen}.dat"
+
+
 def flip_packed_byte(store: DiskStore, key: str, at: int) -> None:
     """Flip the byte ``at`` bytes into ``key``'s packed record, in its shard's data file."""
     info = store.info(key)
     assert info is not None
     assert info.extra.get("packed")
-    (data,) = packs(store).glob(f"{shard_of(key)}.*.dat")
+    data = data_file(store, shard_of(key))
     raw = bytearray(data.read_bytes())
     raw[info.extra["record"] + at] ^= 0xFF
     data.write_bytes(bytes(raw))
@@ -111,9 +126,7 @@ def damage_every_entry(
                 path.chmod(0o600)
                 path.write_bytes(change(path.read_bytes()))
             else:
-                (data,) = Path(info.extra["path"]).parent.glob(
-                    Path(info.extra["path"]).stem + ".*.dat"
-                )
+                data = data_file(store, shard_of(info.key))
                 start, size = info.extra["record"], info.size - info.extra["extracted"]
                 raw = data.read_bytes()
                 new = change(raw[start : start + size])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import kc as cli
-from disk_entries import entry, in_shard, packs, value
+from disk_entries import data_file, entry, in_shard, packs, value
 from kernelcache import Settings, StoreError
 from kernelcache.stores.disk import DiskStore, shard_of
 from kernelcache.stores.disk.packindex import PACK_MAX
@@ -38,11 +38,6 @@ def on_disk(store: DiskStore) -> int:
         for p in (base / top).rglob("*")
         if p.is_file() and p.suffix != ".idx"
     )
-
-
-def data_file(store: DiskStore, shard: str) -> Path:
-    (found,) = packs(store).glob(f"{shard}.*.dat")
-    return found
 
 
 def test_small_entries_are_packed_and_large_ones_stay_files(tmp_path: Path) -> None:
