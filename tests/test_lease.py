@@ -70,18 +70,25 @@ def test_silent_owner_elsewhere_is_taken_over_after_its_lease(tmp_path: Path) ->
     path = tmp_path / "k.lease"
     path.write_bytes(b"othernode some-boot 123 abcd 0\n")  # another node, never renewed
     lock = LeaseLock(str(path), lease=0.3)
-    assert not lock.acquire(0.1)
+    start = time.monotonic()
     assert lock.acquire(5.0)
+    # Not before the record stayed unchanged for a lease on this clock. (A lower bound: a
+    # wait shorter than the lease that must fail fails too when a loaded machine stalls
+    # this process past the lease in the middle of it.)
+    assert time.monotonic() - start >= 0.3
     lock.release()
     assert not path.exists()
 
 
 def test_a_renewing_holder_keeps_its_lease(tmp_path: Path) -> None:
     path = str(tmp_path / "k.lease")
-    holder = LeaseLock(path, lease=0.4)
+    holder = LeaseLock(path, lease=0.4)  # a beat every 0.1 s
     assert holder.acquire(0)
-    waiter = LeaseLock(path, lease=0.4)
-    assert not waiter.acquire(1.5)  # several leases long: the beats keep it alive
+    # The waiter judges by its own term: longer than a beat by far (a loaded machine may
+    # stall the holder's beats a few tenths of a second; at 0.4 s it took the lease), and
+    # shorter than the wait, so a holder that stopped beating is taken over within it.
+    waiter = LeaseLock(path, lease=1.0)
+    assert not waiter.acquire(1.5)  # longer than a lease: the beats keep it alive
     assert not holder.lost
     holder.release()
     assert waiter.acquire(1.0)
@@ -307,6 +314,11 @@ def test_eviction_on_a_network_filesystem_holds_the_lock_briefly(
 ) -> None:
     if network:
         fstype.assume(str(tmp_path), "nfs4")
+    # A cleaner that got little CPU during the puts is behind by many batches when they
+    # stop, and one that hands over after CLEAN_BUDGET seconds leaves the rest to later
+    # changes (tests/test_netfs_stalls.py): here no run hands over, so one finish() ends
+    # under the cap whatever the scheduling (a starved cleaner left 605164 > 400000).
+    monkeypatch.setattr(cleaner, "CLEAN_BUDGET", 3600.0)
     try:
         store = DiskStore(tmp_path, max_bytes=400_000)
         for i in range(250):
@@ -320,11 +332,12 @@ def test_eviction_on_a_network_filesystem_holds_the_lock_briefly(
         assert store.counters.evictions > before
         assert store.usage() == store.recount()
         assert store.usage()[1] <= 400_000
-        # On local disk the queue work (16 queue files loaded and saved: ~160 operations)
-        # happens under the lock; on a network one it does not, and a hold is at most one
-        # batch of removals (~7 operations each; a cleaner behind on a loaded machine fills
-        # its batch: 43 seen).
-        assert (max(holds) <= 8 * (cleaner.BATCH_MAX + 1)) is network, max(holds)
+        # On local disk the queue work (16 queue files loaded and saved: 154 to 161
+        # operations) happens under the lock; on a network one it does not, and a hold is
+        # at most one batch of removals: ~7 operations each, 11 where the victim's shard's
+        # extraction folder is opened for the first time (a cleaner behind on a loaded
+        # machine fills its batch: 43 seen; 67 when those were six folders never opened).
+        assert (max(holds) <= 12 * (cleaner.BATCH_MAX + 1)) is network, max(holds)
     finally:
         fstype.forget()
 
@@ -460,11 +473,15 @@ def test_a_lease_no_one_renews_is_taken_over_by_waits_shorter_than_its_term(
     monkeypatch.undo()
     assert read_record(path) == b""  # left behind, naming no one
     waiter = LeaseLock(path, lease=0.5)
-    waits = 0
+    waits, start = 0, time.monotonic()
     while not waiter.acquire(0.1):  # each wait a fifth of the term
         waits += 1
         assert waits < 200, "the empty lease was never taken over"
-    assert waits >= 2  # not at once: an empty file may be a holder between create and write
+    # Not at once: an empty file may be a holder between create and write. Over several
+    # waits, a lease after the first look (a bound from below: a stalled process may
+    # find the term over at its second wait already).
+    assert waits >= 1
+    assert time.monotonic() - start >= 0.5
     assert dead_here(read_record(path) or b"") is False  # the waiter's own record now
     waiter.release()
     assert read_record(path) is None
