@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kernelcache import Cache, DiskStore, Entry, MemoryStore, Settings
-from kernelcache.singleflight import Claim, carried
+from kernelcache.singleflight import Claim, Flight, carried
 from kernelcache.stats.totals import read_totals
 from kernelcache.stores.base import FlightLock, Store
 
@@ -58,12 +58,25 @@ def run_threads(n: int, target: Callable[[], Any]) -> list[Any]:
 
 
 # Threads --------------------------------------------------------------------
-def test_four_threads_compile_once(cache: Cache) -> None:
+def test_four_threads_compile_once(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
+    parked: list[int] = []
+    real_wait = Flight.wait
+
+    def wait(flight: Flight) -> bool:
+        parked.append(1)  # a waiter on the leader's flight
+        return real_wait(flight)
+
+    monkeypatch.setattr(Flight, "wait", wait)
 
     def fn() -> bytes:
         calls.append(1)
         time.sleep(0.3)
+        # The three others wait on this flight before it lands: a thread that a loaded
+        # machine ran only after it landed would find the entry (a hit, no flight wait).
+        deadline = time.monotonic() + 30
+        while len(parked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
         return os.urandom(64)
 
     results = run_threads(4, lambda: cache.get_or_compile("k", fn))
@@ -218,17 +231,18 @@ def test_lock_timeout_compiles_anyway(tmp_path: Path) -> None:
 
 
 def test_waiting_thread_times_out_and_compiles_itself(cache: Cache) -> None:
-    release = threading.Event()
+    release, compiling = threading.Event(), threading.Event()
     calls = []
 
     def slow() -> bytes:
         calls.append("slow")
+        compiling.set()
         release.wait(10)
         return b"slow"
 
     leader = threading.Thread(target=lambda: cache.get_or_compile("k", slow, timeout=0.2))
     leader.start()
-    time.sleep(0.05)
+    assert compiling.wait(30)  # the leader holds the flight (not: a sleep it may outlast)
     start = time.monotonic()
     entry = cache.get_or_compile("k", lambda: b"fast", timeout=0.2)
     waited = time.monotonic() - start
@@ -331,15 +345,16 @@ def test_failed_compile_in_one_process_is_retried_by_another(tmp_path: Path) -> 
 
 
 def test_forked_child_does_not_wait_for_the_parents_threads(cache: Cache) -> None:
-    gate = threading.Event()
+    gate, compiling = threading.Event(), threading.Event()
 
     def slow() -> bytes:
+        compiling.set()
         gate.wait(10)
         return b"parent"
 
     leader = threading.Thread(target=lambda: cache.get_or_compile("k", slow, timeout=3.0))
     leader.start()
-    time.sleep(0.1)
+    assert compiling.wait(30)  # forked while the parent's leader holds the key's locks
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: the parent's flight must not hold it up
