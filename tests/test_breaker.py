@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
+from kernelcache.stores.redis import breaker as breaker_module
 from kernelcache.stores.redis.breaker import CircuitBreaker
+
+
+class Clock:
+    """The breaker's monotonic clock, moved only by the test: "not yet" assertions within a
+    cooldown hold however long a loaded machine stalls this process between two lines."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(breaker_module, "time", clock)
+    return clock
 
 
 def test_opens_after_threshold_consecutive_failures_only() -> None:
@@ -24,29 +44,35 @@ def test_opens_after_threshold_consecutive_failures_only() -> None:
     assert breaker.trips == 1
 
 
-def test_lets_one_probe_through_after_the_cooldown() -> None:
+def test_lets_one_probe_through_after_the_cooldown(clock: Clock) -> None:
     breaker = CircuitBreaker(threshold=1, cooldown=0.05)
     assert breaker.record_failure()
+    clock.sleep(0.04)
     assert not breaker.allow()
-    time.sleep(0.06)
+    clock.sleep(0.02)
     assert breaker.allow()
     assert breaker.state == "half-open"
+    clock.sleep(0.04)
     assert not breaker.allow()  # one probe at a time
     assert breaker.record_failure()
     assert breaker.trips == 2  # probe failed: open again
-    time.sleep(0.06)
+    clock.sleep(0.04)
+    assert not breaker.allow()  # a whole cooldown again
+    clock.sleep(0.02)
     assert breaker.allow()
     breaker.record_success()
     assert breaker.state == "closed"
     assert breaker.allow()
 
 
-def test_a_probe_that_never_reports_does_not_wedge_it_open() -> None:
+def test_a_probe_that_never_reports_does_not_wedge_it_open(clock: Clock) -> None:
     breaker = CircuitBreaker(threshold=1, cooldown=0.05)
     breaker.record_failure()
-    time.sleep(0.06)
+    clock.sleep(0.06)
     assert breaker.allow()  # this probe's caller vanishes without reporting
-    time.sleep(0.06)
+    clock.sleep(0.04)
+    assert not breaker.allow()
+    clock.sleep(0.02)
     assert breaker.allow()
 
 
