@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
@@ -83,11 +84,12 @@ def _race(root: str, keys: list[str], shared: list[str], rounds: int) -> None:
     store.close()
 
 
-def _reader(root: str, keys: list[str], stop_at: float, out: multiprocessing.Queue[int]) -> None:
-    """Reads the stable keys while writers compact the shard: every get must hit, verified."""
+def _reader(root: str, keys: list[str], stop: Event, out: multiprocessing.Queue[int]) -> None:
+    """Reads the stable keys while writers compact the shard, until they are done (once
+    at least): every get must hit, verified."""
     store = DiskStore(root)
     bad = reads = 0
-    while time.monotonic() < stop_at:
+    while reads == 0 or not stop.is_set():
         for key in keys:
             got = store.get(key)
             reads += 1
@@ -109,17 +111,23 @@ def test_processes_racing_on_one_shard_keep_every_entry_while_it_is_compacted(
     shared = in_shard(SHARD, 8, "x")
     ctx = multiprocessing.get_context("spawn")
     results: multiprocessing.Queue[int] = ctx.Queue()
-    reader = ctx.Process(target=_reader, args=(root, stable, time.monotonic() + 8, results))
+    # Until the writers are done, not for a fixed time: a reader started late on a loaded
+    # machine read nothing within its 8 s (reads == 0), one started early outlived them.
+    stop = ctx.Event()
+    reader = ctx.Process(target=_reader, args=(root, stable, stop, results))
     reader.start()
     writers = [
         ctx.Process(target=_race, args=(root, in_shard(SHARD, 30, f"w{n}"), shared, 4))
         for n in range(3)
     ]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join(120)
-        assert w.exitcode == 0
+    try:
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join(120)
+            assert w.exitcode == 0
+    finally:
+        stop.set()
     reader.join(120)
     bad, reads, corrupt = results.get(), results.get(), results.get()
     assert reader.exitcode == 0
@@ -157,11 +165,10 @@ def test_a_writer_killed_mid_append_leaves_only_dead_bytes(tmp_path: Path) -> No
     ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=_append_forever, args=(root, "k"))
     child.start()
-    data = packs(store)
+    # Until the child has published ~60 KB (the tier's counter: summing the packs' sizes
+    # raced the child's compactions, which remove the data file a glob just listed).
     deadline = time.monotonic() + 60
-    while (
-        time.monotonic() < deadline and sum(f.stat().st_size for f in data.glob("*.dat")) < 60_000
-    ):
+    while time.monotonic() < deadline and store.usage()[1] < 60_000:
         time.sleep(0.01)
     assert child.pid is not None
     os.kill(child.pid, signal.SIGKILL)
