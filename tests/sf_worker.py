@@ -12,6 +12,9 @@ Run by tests/test_singleflight.py and tests/test_stats.py as
     started          file created when the compile function starts
     gate             the compile function waits for this file before going on
     hits             extra cache.get calls after the entry is there (for stats tests)
+    asked_dir        each process makes a file here once it asked (after ``go``) ...
+    quorum           ... and a compile waits until this many are there: every process
+                     asks before the compile ends, however late a loaded machine ran it
     api              "get_or_compile" (default) | "claim": get, claim, compile, publish
                      as separate calls (how an integration like Triton's manager uses it)
 
@@ -46,6 +49,10 @@ def main() -> int:
             open(opts["started"], "w").close()
         while opts.get("gate") and not os.path.exists(opts["gate"]):
             time.sleep(0.001)
+        deadline = time.monotonic() + 60
+        while opts.get("quorum") and len(os.listdir(opts["asked_dir"])) < opts["quorum"]:
+            assert time.monotonic() < deadline, "the other processes never asked"
+            time.sleep(0.001)
         time.sleep(opts.get("sleep", 0.0))
         if opts.get("mode") == "fail":
             raise RuntimeError("compile failed on purpose")
@@ -59,6 +66,8 @@ def main() -> int:
         while not os.path.exists(opts["go"]):
             time.sleep(0.001)
     asked = time.monotonic()
+    if opts.get("asked_dir"):
+        open(os.path.join(opts["asked_dir"], str(os.getpid())), "w").close()
     try:
         if opts.get("api") == "claim":
             entry = by_claim(cache, opts["key"], compile_fn, opts.get("timeout", 30.0))

@@ -273,8 +273,12 @@ def result(proc: subprocess.Popen[str], timeout: float = 30) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_eight_processes_compile_once(tmp_path: Path) -> None:
-    counter, go = tmp_path / "count", tmp_path / "go"
-    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter), "go": str(go)}
+    counter, go, asked = tmp_path / "count", tmp_path / "go", tmp_path / "asked"
+    asked.mkdir()
+    opts: dict[str, Any] = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter)}
+    # The compile waits until all eight asked (a process a loaded machine ran a second
+    # late would find the entry: no overlap to test).
+    opts.update(go=str(go), asked_dir=str(asked), quorum=8)
     procs = [spawn({**opts, "sleep": 1.0}) for _ in range(8)]
     go.touch()
     results = [result(p) for p in procs]
@@ -288,8 +292,10 @@ def test_eight_processes_compile_once(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_claims_held_across_calls_compile_once_across_processes(tmp_path: Path) -> None:
     """get, claim, compile and publish as separate calls: still one compile for four processes."""
-    counter, go = tmp_path / "count", tmp_path / "go"
-    opts = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter), "go": str(go)}
+    counter, go, asked = tmp_path / "count", tmp_path / "go", tmp_path / "asked"
+    asked.mkdir()
+    opts: dict[str, Any] = {"dir": str(tmp_path / "c"), "key": "k", "counter": str(counter)}
+    opts.update(go=str(go), asked_dir=str(asked), quorum=4)  # all ask before the compile ends
     procs = [spawn({**opts, "sleep": 0.5, "api": "claim"}) for _ in range(4)]
     go.touch()
     results = [result(p) for p in procs]
