@@ -324,8 +324,10 @@ def test_killed_lock_holder_does_not_block_waiters(tmp_path: Path) -> None:
     assert sum(r["compiled"] for r in results) == 1
     assert len(counter.read_text().splitlines()) == 2  # the killed compile and one more
     assert all(r["asked"] < killed for r in results)
-    # Far inside the 30 s lock timeout: the kernel released the dead holder's flock.
-    assert max(r["returned"] for r in results) - killed < 5.0
+    # Well inside the 30 s lock timeout (waiters kept out by the dead holder's lock would
+    # return ~29.5 s after the kill): the kernel released its flock. Not a speed: a loaded
+    # machine may take seconds to run the waiter, its compile and its put.
+    assert max(r["returned"] for r in results) - killed < 20.0
 
 
 @pytest.mark.slow
@@ -393,7 +395,9 @@ def test_waiter_compiles_itself_when_a_live_holder_is_stuck(tmp_path: Path) -> N
             time.sleep(0.01)
         waiter = result(spawn({**opts, "timeout": 0.5}))
         assert waiter["compiled"]
-        assert 0.5 <= waiter["returned"] - waiter["asked"] < 5.0
+        # Its 0.5 s timeout, then its own compile (the holder hangs for an hour; result()
+        # gives up after 30 s): a bound loose enough for a loaded machine.
+        assert 0.5 <= waiter["returned"] - waiter["asked"] < 20.0
         assert len(counter.read_text().splitlines()) == 2
     finally:
         holder.kill()
