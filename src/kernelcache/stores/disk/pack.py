@@ -361,10 +361,13 @@ class Packs:
         s = self.shard(shard, hit=True)
         if s is None:
             return None
-        i = s.find(key_hash(key))
+        h = key_hash(key)
+        i = s.find(h)
         if i < 0:
             return None
-        _h, offset, length, _flags, clock = s.slot(i)
+        found, offset, length, _flags, clock = s.slot(i)
+        if found != h:
+            return None  # removed since the probe, and the slot taken by another key's put
         raw = os.pread(s.data, length, offset)
         try:
             recorded, meta_raw, artifacts = unpack_from(raw, length, key)
@@ -473,18 +476,27 @@ class Packs:
         shard: str,
         expect_offset: int | None = None,
         expect_clock: int | None = None,
+        *,
+        damaged: bool = False,
     ) -> int:
         """Drop ``key``'s record (if it is still at ``expect_offset``, and last used at
-        ``expect_clock``: a listing's name for it, which compaction keeps); its bytes, or -1."""
+        ``expect_clock``: a listing's name for it, which compaction keeps); its bytes, or -1.
+        ``damaged``: only if the record fails verification now, under the lock. A hit that
+        found it damaged may have read its slot torn (a weakly ordered CPU shows a slot's
+        hash before its offset and length); the record itself is then whole and stays."""
         found = self._find(key, shard, locked=True)
         if found is None:
             return -1
         s, i = found
-        _h, offset, length, _flags, clock = s.slot(i)
+        h, offset, length, _flags, clock = s.slot(i)
         if expect_offset is not None and offset != expect_offset:
             return -1
         if expect_clock is not None and clock != expect_clock:
             return -1  # replaced or used since it was listed
+        if damaged:
+            raw = os.pread(s.data, length, offset)
+            if len(raw) == length and _verified(raw, h):
+                return -1
         s.kill(i)
         _retired, slots, gen, end, used, live, dead = s.header()
         s.set_header((0, slots, gen, end, used, live - length, dead + length))

@@ -228,12 +228,14 @@ class Space:
         expect_clock: int | None = None,
         *,
         replacing: bool = False,
+        damaged: bool = False,
     ) -> bool:
         """Remove ``key``'s packed record and count it; its extracted copies go too unless
         it is ``replacing`` (a new version of the key: copies stay, as a file's replace
-        leaves them, since paths handed out for the old version may be in use)."""
+        leaves them, since paths handed out for the old version may be in use).
+        ``damaged``: only if it fails verification now (:meth:`.pack.Packs.remove`)."""
         assert self.packs is not None
-        freed = self.packs.remove(key, shard, expect_offset, expect_clock)
+        freed = self.packs.remove(key, shard, expect_offset, expect_clock, damaged=damaged)
         if freed < 0:
             return False
         if not replacing:
@@ -277,6 +279,13 @@ class Space:
             return self.remove_locked(
                 tally, key, shard_of(key), expect_ino, expect_record, expect_clock
             )
+
+    def remove_damaged(self, key: str, offset: int) -> bool:
+        """Remove ``key``'s packed record at ``offset`` that a hit found damaged, if it is
+        still there and still fails verification (the hit may have read its slot torn)."""
+        with self.locked() as tally:
+            assert self.packs is not None
+            return self._unpack(tally, key, shard_of(key), offset, damaged=True)
 
     def remove_locked(
         self,

@@ -343,7 +343,7 @@ class DiskStore(Store):
             self._count("corrupt")
             if not self.read_only:  # the record read, never one published since
                 try:
-                    self.space.remove(key, 0, exc.offset)
+                    self.space.remove_damaged(key, exc.offset)
                 except OSError:  # read-only media: left, found again (as _corrupt does)
                     self._count("errors")
             return None
