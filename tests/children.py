@@ -28,7 +28,14 @@ def start(script: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str
 
 def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
     """The child's report (its last line of output, JSON), once it exited with 0."""
-    out, err = proc.communicate(timeout=600)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except BaseException:
+        # A test stopped here (pytest-timeout, ^C): the child must not run on into the next
+        # tests of this worker, using CPU, and warn there as an unwaited process.
+        proc.kill()
+        proc.communicate()
+        raise
     assert proc.returncode == 0, err[-4000:]
     return dict(json.loads(out.strip().splitlines()[-1]))
 
