@@ -278,7 +278,9 @@ def test_a_silent_server_is_a_timeout_not_a_hang(tmp_path: Path) -> None:
     server = Nginx(tmp_path / "nginx")
     server.start()
     try:
-        with HTTPStore(f"{server.url}/slow?timeout=0.3", breaker_threshold=1) as store:
+        # 1 s, not 0.3: the put below must beat it on a loaded machine (with a threshold
+        # of 1 its timeout would open the breaker before the server even pauses).
+        with HTTPStore(f"{server.url}/slow?timeout=1", breaker_threshold=1) as store:
             store.put("k", Entry({"x": b"1"}))
             server.pause()  # connections stay open, nothing answers
             with pytest.raises(StoreError):
