@@ -7,6 +7,7 @@ import random
 import socket
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from kernelcache import Cache, Entry, Settings
 from kernelcache.errors import ConfigError, ReadOnlyStoreError, StoreError
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
-from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore
+from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore, breaker
 from kernelcache.stores.redis import format as fmt
 from redis_server import LOADED, RedisServer
 
@@ -71,13 +72,15 @@ def test_compile_on_one_machine_is_a_remote_hit_promoted_on_the_other(
 
 # Faults: killed, hung, garbage-speaking -------------------------------------------
 def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
-    own_redis: RedisServer, tmp_path: Path, ns: str
+    own_redis: RedisServer, tmp_path: Path, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A killed server refuses connections at once: the timeout only bounds a slow live
     # one, so it is generous enough for a loaded machine's calls after the restart
-    # (issue 20). The cooldown outlasts the lookups below by far: a probe among them
-    # (after a stall of a whole cooldown) would open the breaker a second time.
-    timeout, cooldown = 2.0, 2.0
+    # (issue 20). The breaker's clock moves by hand: with a real 0.5 s cooldown, a
+    # stall that long among the lookups let one through as a probe (a second trip).
+    now = [1000.0]
+    monkeypatch.setattr(breaker, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    timeout, cooldown = 2.0, 0.5
     remote = RedisStore(
         own_redis.url, namespace=ns, timeout=timeout, breaker_threshold=3, breaker_cooldown=cooldown
     )
@@ -106,7 +109,7 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
     assert stats["entries"] is None  # usage unknown while down, and no exception
 
     own_redis.restart()
-    time.sleep(cooldown)
+    now[0] += cooldown
     cache.put("after", local)  # the breaker's probe goes through and closes it
     assert remote.breaker.state == "closed"
     assert remote.get("after") == local
