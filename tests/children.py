@@ -40,11 +40,18 @@ def finish(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
+#: How long the parent waits for the last child to get ready (:func:`release`), and so
+#: how long the first one ready may have to wait for ``go`` (:func:`wait_for`).
+READY_WAIT = 300.0
+
+
 def wait_for(path: str) -> None:
     """In a child: say it is ready (``<path>.ready.<pid>``), then wait until ``path`` exists."""
     with open(f"{path}.ready.{os.getpid()}", "w"):
         pass
-    deadline = time.monotonic() + 120
+    # Its siblings may import torch or JAX for minutes on a loaded machine: as long
+    # as the parent waits for them (it waited 300 s, this child only 120 s).
+    deadline = time.monotonic() + READY_WAIT
     while not os.path.exists(path):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{path} never appeared")
@@ -53,7 +60,7 @@ def wait_for(path: str) -> None:
 
 def release(go: Path, procs: list[subprocess.Popen[str]]) -> None:
     """In the parent: once every child said it is ready, let them all go (create ``go``)."""
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + READY_WAIT
     while len(list(go.parent.glob(f"{go.name}.ready.*"))) < len(procs):
         assert time.monotonic() < deadline, "children never got ready"
         assert all(p.poll() is None for p in procs), [

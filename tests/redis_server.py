@@ -61,6 +61,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def team_url(self, namespace: str) -> str:
+        """A ``KERNELCACHE_REMOTE`` for a namespace here, with the generous timeout of a
+        test not about timeouts (:data:`LOADED`): processes compiling side by side on a
+        loaded 2-core machine lose a put, or miss, when a call outlasts the default 0.5 s."""
+        return f"{self.url}?namespace={namespace}&timeout={LOADED:g}"
+
     def start(self, attempts: int = 5) -> None:
         for _ in range(attempts):
             if self._launch():

@@ -72,9 +72,9 @@ def hits(report: dict[str, Any]) -> int:
 
 
 class Team:
-    def __init__(self, tmp: Path, url: str) -> None:
+    def __init__(self, tmp: Path, server: RedisServer) -> None:
         self.tmp, self.namespace = tmp, unique_namespace()
-        self.remote = f"{url}?namespace={self.namespace}"
+        self.remote = server.team_url(self.namespace)
         self.artifacts = tmp / "artifacts.bin"
         self.first = run(self.env("a", KC_TEST_SAVE_ARTIFACTS=str(self.artifacts)), "both")
 
@@ -84,7 +84,7 @@ class Team:
 
 @pytest.fixture(scope="module")
 def team(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Team:
-    return Team(tmp_path_factory.mktemp("team"), redis_server.url)
+    return Team(tmp_path_factory.mktemp("team"), redis_server)
 
 
 def test_a_second_machine_hits_inference_and_training_graphs(team: Team) -> None:
@@ -189,9 +189,7 @@ def _plant(source: str, target: str, marker: Path) -> int:
 def test_an_unsigned_team_entry_is_never_unpickled(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    written, refused, trusted = (
-        f"{redis_server.url}?namespace={unique_namespace()}" for _ in range(3)
-    )
+    written, refused, trusted = (redis_server.team_url(unique_namespace()) for _ in range(3))
     trusting = {"KERNELCACHE_INDUCTOR_TRUST_UNSIGNED": "1", **MLP}
     # Two compile threads, whatever the cores: the graph's C++ kernel is built on the pool.
     writer = run(
@@ -229,7 +227,7 @@ def test_an_unsigned_team_entry_is_never_unpickled(
 def test_four_processes_released_together_compile_once(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
+    remote = redis_server.team_url(unique_namespace())
     go = tmp_path / "go"
     procs = [
         children.start(

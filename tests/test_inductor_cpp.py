@@ -105,7 +105,7 @@ def test_second_machine_builds_nothing_and_corrupt_kernels_are_rebuilt(
     wrapper.parent.mkdir()
     wrapper.write_text(WRAPPER.format(gxx=GXX))
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    team = f"{redis_server.url}?namespace={ns}"
+    team = redis_server.team_url(ns)
     cpath = tmp_path / "include"
     cpath.mkdir()
     (cpath / "omp.h").write_text("#include_next <omp.h>\n")

@@ -61,9 +61,9 @@ def run(env: dict[str, str]) -> dict[str, Any]:
 
 
 class Team:
-    def __init__(self, tmp: Path, url: str) -> None:
+    def __init__(self, tmp: Path, server: RedisServer) -> None:
         self.tmp, self.namespace = tmp, unique_namespace()
-        self.remote = f"{url}?namespace={self.namespace}"
+        self.remote = server.team_url(self.namespace)
         self.first = run(self.env("a"))
 
     def env(self, name: str, **extra: str) -> dict[str, str]:
@@ -72,7 +72,7 @@ class Team:
 
 @pytest.fixture(scope="module")
 def team(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Team:
-    return Team(tmp_path_factory.mktemp("team"), redis_server.url)
+    return Team(tmp_path_factory.mktemp("team"), redis_server)
 
 
 def test_a_second_machine_hits_by_jax_own_events(team: Team) -> None:
@@ -128,7 +128,7 @@ def test_corrupt_redis_values_are_recompiled(team: Team, raw: Any) -> None:
 def test_four_processes_released_together_compile_once(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
+    remote = redis_server.team_url(unique_namespace())
     go = tmp_path / "go"
     procs = [
         children.start(
@@ -147,7 +147,7 @@ def test_four_processes_released_together_compile_once(
 def test_unsigned_team_entries_load_only_where_trusted(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
+    remote = redis_server.team_url(unique_namespace())
     writer = run(machine(tmp_path, "writer", remote, **TRUST))  # no secret: unsigned
     assert writer["jax"]["writes"] == 1
     # The test can fail: a machine that opts in loads the unsigned entry. It runs first:

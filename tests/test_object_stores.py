@@ -32,14 +32,19 @@ from object_servers import (
     make_bucket,
     prefix_of,
 )
+from redis_server import LOADED
 
 SECRET = "team-secret-for-tests"
 
 
 @pytest.fixture(params=["s3", "http"])
 def team_url(request: pytest.FixtureRequest) -> str:
-    """The URL of a fresh prefix on the S3 server, then on the HTTP server."""
-    return str(request.getfixturevalue(f"{request.param}_url"))
+    """The URL of a fresh prefix on the S3 server, then on the HTTP server.
+
+    With the generous timeout of tests not about timeouts: a request past the default 2 s
+    (radosgw on a loaded 2-core machine) is a lost put, or a miss, for the next machine.
+    """
+    return f"{request.getfixturevalue(f'{request.param}_url')}?timeout={LOADED:g}"
 
 
 def machine(root: Path, url: str, **env: str) -> Cache:
@@ -118,7 +123,7 @@ def test_machine_b_runs_no_nvcc_through_the_launcher(team_url: str, tmp_path: Pa
 def test_stacked_behind_redis_a_flushed_redis_is_refilled_from_s3(
     s3_url: str, redis_server: object, tmp_path: Path
 ) -> None:
-    redis_url = f"{redis_server.url}?namespace={prefix_of(tmp_path)}"  # type: ignore[attr-defined]
+    redis_url = redis_server.team_url(prefix_of(tmp_path))  # type: ignore[attr-defined]
     url = f"{redis_url} {s3_url}"
     entry = Entry({"kernel.cubin": b"\x7fELF" + b"x" * 5000}, meta={"n": 1})
     with machine(tmp_path / "a", url) as a:
@@ -273,7 +278,9 @@ def test_a_silent_server_is_a_timeout_not_a_hang(tmp_path: Path) -> None:
     server = Nginx(tmp_path / "nginx")
     server.start()
     try:
-        with HTTPStore(f"{server.url}/slow?timeout=0.3", breaker_threshold=1) as store:
+        # 1 s, not 0.3: the put below must beat it on a loaded machine (with a threshold
+        # of 1 its timeout would open the breaker before the server even pauses).
+        with HTTPStore(f"{server.url}/slow?timeout=1", breaker_threshold=1) as store:
             store.put("k", Entry({"x": b"1"}))
             server.pause()  # connections stay open, nothing answers
             with pytest.raises(StoreError):
@@ -389,10 +396,11 @@ def test_machines_compile_a_key_once_through_s3_alone(s3_url: str, tmp_path: Pat
     import os
 
     log = tmp_path / "compiles.log"
+    url = f"{s3_url}?timeout={LOADED:g}"  # a request that timed out would take no lease
     env = {**os.environ, "PYTHONPATH": SRC}
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", FLIGHT_CHILD, str(tmp_path / f"m{i}"), s3_url, str(log)],
+            [sys.executable, "-c", FLIGHT_CHILD, str(tmp_path / f"m{i}"), url, str(log)],
             env=env,
             stdout=subprocess.PIPE,
             text=True,
@@ -415,7 +423,7 @@ def test_leases_are_probed_not_assumed(s3_url: str, http_url: str) -> None:
 def test_with_redis_in_the_stack_leases_stay_in_redis(
     s3_url: str, redis_server: object, tmp_path: Path
 ) -> None:
-    url = f"{redis_server.url}?namespace={prefix_of(tmp_path)} {s3_url}"  # type: ignore[attr-defined]
+    url = f"{redis_server.team_url(prefix_of(tmp_path))} {s3_url}"  # type: ignore[attr-defined]
     with machine(tmp_path / "a", url) as a:
         redis, s3 = a.tiers[2], a.tiers[3]
         assert redis.flight_lock("k") is not None
@@ -469,7 +477,7 @@ def test_streamed_reads_verify_like_whole_ones(
 def test_an_object_over_max_entry_size_is_refused_unread(team_url: str) -> None:
     with open_store(team_url) as store:
         store.put("big", Entry({"x": b"y" * 100_000}))
-        with make(team_url.replace("?", "&") + "?max_entry_size=10K") as small:
+        with make(team_url + "&max_entry_size=10K") as small:
             assert isinstance(small, ObjectStore)
             assert small.get("big") is None
             assert small.counters.oversized == 1

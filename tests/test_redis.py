@@ -7,6 +7,7 @@ import random
 import socket
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,18 @@ from kernelcache import Cache, Entry, Settings
 from kernelcache.errors import ConfigError, ReadOnlyStoreError, StoreError
 from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
-from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore
+from kernelcache.stores.redis import GRACE_SECONDS, STAGING_SECONDS, RedisStore, breaker
 from kernelcache.stores.redis import format as fmt
-from redis_server import RedisServer
+from redis_server import LOADED, RedisServer
 
 
 def _cubin(tag: bytes = b"add", size: int = 6000) -> Entry:
     return Entry({"kernel.cubin": b"\x7fELF" + tag + os.urandom(size)}, meta={"name": "add"})
 
 
-def _machine(tmp_path: Path, name: str, url: str, ns: str, **options: Any) -> Cache:
-    return Cache(
-        [MemoryStore(), DiskStore(tmp_path / name), RedisStore(url, namespace=ns, **options)]
-    )
+def _machine(tmp_path: Path, name: str, url: str, ns: str) -> Cache:
+    remote = RedisStore(url, namespace=ns, timeout=LOADED)
+    return Cache([MemoryStore(), DiskStore(tmp_path / name), remote])
 
 
 CHUNK = fmt.MIN_CHUNK_SIZE
@@ -72,9 +72,15 @@ def test_compile_on_one_machine_is_a_remote_hit_promoted_on_the_other(
 
 # Faults: killed, hung, garbage-speaking -------------------------------------------
 def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
-    own_redis: RedisServer, tmp_path: Path, ns: str
+    own_redis: RedisServer, tmp_path: Path, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    timeout, cooldown = 0.25, 0.5
+    # A killed server refuses connections at once: the timeout only bounds a slow live
+    # one, so it is generous enough for a loaded machine's calls after the restart
+    # (issue 20). The breaker's clock moves by hand: with a real 0.5 s cooldown, a
+    # stall that long among the lookups let one through as a probe (a second trip).
+    now = [1000.0]
+    monkeypatch.setattr(breaker, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    timeout, cooldown = 2.0, 0.5
     remote = RedisStore(
         own_redis.url, namespace=ns, timeout=timeout, breaker_threshold=3, breaker_cooldown=cooldown
     )
@@ -89,12 +95,12 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
         start = time.perf_counter()
         assert cache.get(f"missing{i}") is None  # no exception reaches the caller
         costs.append(time.perf_counter() - start)
-    assert max(costs) < timeout * 3
+    assert max(costs) < timeout  # refused, not waited for
     assert remote.breaker.state == "open"  # the later calls are skipped: counted below
     start = time.perf_counter()
     later = _cubin(b"later")
     cache.put("later", later)  # lands in the local tiers
-    assert time.perf_counter() - start < timeout * 3
+    assert time.perf_counter() - start < timeout
     assert cache.tiers[1].get("later") == later
     stats = cache.stats()["redis"]
     assert stats["errors"] >= 3
@@ -103,7 +109,7 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
     assert stats["entries"] is None  # usage unknown while down, and no exception
 
     own_redis.restart()
-    time.sleep(cooldown)
+    now[0] += cooldown
     cache.put("after", local)  # the breaker's probe goes through and closes it
     assert remote.breaker.state == "closed"
     assert remote.get("after") == local
@@ -114,7 +120,7 @@ def test_redis_killed_mid_run_costs_a_miss_and_recovers_after_restart(
 
 
 def test_a_restarted_server_costs_no_error_on_the_hit_path(own_redis: RedisServer, ns: str) -> None:
-    store = RedisStore(own_redis.url, namespace=ns)
+    store = RedisStore(own_redis.url, namespace=ns, timeout=LOADED)
     entry = _cubin()
     store.put("k", entry)
     assert store.get("k") == entry  # this thread's connection is open now
@@ -134,7 +140,7 @@ def test_a_forked_child_uses_a_connection_of_its_own(redis_server: RedisServer, 
     import multiprocessing
 
     fork = multiprocessing.get_context("fork")
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     entry = _cubin()
     store.put("k", entry)
     assert store.get("k") == entry
@@ -152,7 +158,7 @@ def test_a_forked_child_uses_a_connection_of_its_own(redis_server: RedisServer, 
 
 
 def test_hung_redis_costs_at_most_the_timeout_per_call(own_redis: RedisServer, ns: str) -> None:
-    timeout = 0.2
+    timeout = 0.5  # what a loaded machine adds to a call stays well under 2 timeouts
     remote = RedisStore(
         own_redis.url, namespace=ns, timeout=timeout, breaker_threshold=2, breaker_cooldown=60
     )
@@ -222,7 +228,7 @@ def test_a_server_speaking_garbage_is_a_miss(tmp_path: Path) -> None:
 def test_wrong_type_at_a_key_is_an_error_then_overwritten(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     raw.rpush(_name(ns, "k"), b"a list, not a string")
     assert Cache([store]).get("k") is None
     assert store.counters.errors == 1
@@ -236,7 +242,12 @@ def test_every_hit_refreshes_the_ttl_of_the_record_and_its_chunks(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
     store = RedisStore(
-        redis_server.url, namespace=ns, ttl=50, chunk_size=CHUNK, compress_min=1 << 30
+        redis_server.url,
+        namespace=ns,
+        ttl=50,
+        chunk_size=CHUNK,
+        compress_min=1 << 30,
+        timeout=LOADED,
     )
     store.put("small", _cubin(size=100))
     store.put("big", _cubin(size=5 * CHUNK - 1000))
@@ -249,7 +260,7 @@ def test_every_hit_refreshes_the_ttl_of_the_record_and_its_chunks(
     assert store.get("big") is not None
     assert all(raw.pttl(name) > 45_000 for name in names)
 
-    reader = RedisStore(redis_server.url, namespace=ns, ttl=50, read_only=True)
+    reader = RedisStore(redis_server.url, namespace=ns, ttl=50, read_only=True, timeout=LOADED)
     for name in names:
         raw.pexpire(name, 2000)
     assert reader.get("big") is not None
@@ -260,7 +271,9 @@ def test_every_hit_refreshes_the_ttl_of_the_record_and_its_chunks(
 def test_replaced_and_deleted_chunks_expire_after_a_grace_period(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    store = RedisStore(
+        redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30, timeout=LOADED
+    )
     first, second = _cubin(b"1", 5 * CHUNK - 1000), _cubin(b"2", 5 * CHUNK - 1000)
     store.put("k", first)
     old = _chunk_names(raw, ns, "k")
@@ -279,7 +292,9 @@ def test_replaced_and_deleted_chunks_expire_after_a_grace_period(
 def test_a_writer_dying_before_publishing_leaves_only_expiring_chunks(
     raw: redis.Redis, redis_server: RedisServer, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    store = RedisStore(
+        redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30, timeout=LOADED
+    )
     before = _cubin(b"before", 100)
     store.put("k", before)
 
@@ -299,7 +314,9 @@ def test_a_writer_dying_before_publishing_leaves_only_expiring_chunks(
 def test_chunks_evicted_by_redis_make_a_counted_miss(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30)
+    store = RedisStore(
+        redis_server.url, namespace=ns, chunk_size=CHUNK, compress_min=1 << 30, timeout=LOADED
+    )
     store.put("k", _cubin(size=5 * CHUNK - 1000))
     raw.delete(_chunk_names(raw, ns, "k")[2])
     assert store.get("k") is None
@@ -330,7 +347,7 @@ def _ptx_like() -> bytes:
 def test_compression_only_where_it_pays(
     redis_server: RedisServer, ns: str, data: bytes, compressed: bool
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     entry = Entry({"data": data})
     store.put("k", entry)
     [info] = store.scan()
@@ -344,8 +361,8 @@ def test_listing_uses_scan_never_keys_and_namespaces_are_separate(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
     raw.config_resetstat()
-    one = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK)
-    other = RedisStore(redis_server.url, namespace=ns + "x")
+    one = RedisStore(redis_server.url, namespace=ns, chunk_size=CHUNK, timeout=LOADED)
+    other = RedisStore(redis_server.url, namespace=ns + "x", timeout=LOADED)
     for i in range(30):
         one.put(f"k{i}", Entry({"data": os.urandom(50 if i else 3 * CHUNK + 1000)}))
     other.put("theirs", _cubin())
@@ -366,8 +383,8 @@ def test_listing_uses_scan_never_keys_and_namespaces_are_separate(
 
 
 def test_read_only_store_reads_but_never_writes(redis_server: RedisServer, ns: str) -> None:
-    writer = RedisStore(redis_server.url, namespace=ns)
-    reader = RedisStore(redis_server.url + "?readonly=1", namespace=ns)
+    writer = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
+    reader = RedisStore(redis_server.url + "?readonly=1", namespace=ns, timeout=LOADED)
     entry = _cubin()
     writer.put("k", entry)
     assert reader.read_only
@@ -423,7 +440,7 @@ def test_kernelcache_remote_adds_the_tier_to_the_default_cache(
 ) -> None:
     env = {
         "KERNELCACHE_DIR": str(tmp_path / "cache"),
-        "KERNELCACHE_REMOTE": f"{redis_server.url}?namespace={ns}",
+        "KERNELCACHE_REMOTE": f"{redis_server.url}?namespace={ns}&timeout={LOADED}",
         "KERNELCACHE_SECRET": "team-secret",
     }
     cache = Cache(settings=Settings.load(env))
@@ -453,7 +470,7 @@ def test_kernelcache_stats_shows_the_remote_tiers_faults(
     import subprocess
     import sys
 
-    remote = RedisStore(own_redis.url, namespace=ns, timeout=0.2, breaker_threshold=2)
+    remote = RedisStore(own_redis.url, namespace=ns, timeout=LOADED, breaker_threshold=2)
     cache = Cache([MemoryStore(), DiskStore(tmp_path / "d"), remote])
     cache.put("before", _cubin())
     own_redis.kill()
@@ -480,7 +497,7 @@ def test_kernelcache_stats_shows_the_remote_tiers_faults(
 def test_removing_what_a_listing_saw_spares_an_entry_published_since(
     redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     store.put("old", _cubin(b"1"))
     store.put("new", _cubin(b"1"))
     seen = {info.key: info for info in store.scan()}
@@ -496,7 +513,7 @@ def test_removing_what_a_listing_saw_spares_an_entry_published_since(
 def test_connections_of_threads_that_ended_are_closed(
     raw: redis.Redis, redis_server: RedisServer, ns: str
 ) -> None:
-    store = RedisStore(redis_server.url, namespace=ns)
+    store = RedisStore(redis_server.url, namespace=ns, timeout=LOADED)
     store.put("k", _cubin())
     before = len(raw.client_list())
 

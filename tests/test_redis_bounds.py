@@ -18,7 +18,7 @@ import redis
 from kernelcache import Cache, Entry
 from kernelcache.errors import StoreError
 from kernelcache.stores.memory import MemoryStore
-from kernelcache.stores.redis import RedisStore, badvalues
+from kernelcache.stores.redis import RedisStore, badvalues, breaker
 from kernelcache.stores.redis import format as fmt
 from kernelcache.stores.redis.badvalues import BadValues
 from redis_proxy import MisbehavingProxy
@@ -43,15 +43,23 @@ def _misses(raw: redis.Redis) -> int:
 
 # A slow server -------------------------------------------------------------------------
 def test_a_trickling_server_costs_one_deadline_per_call_then_the_breaker_skips_it(
-    redis_server: RedisServer, proxy: MisbehavingProxy, ns: str
+    redis_server: RedisServer, proxy: MisbehavingProxy, ns: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The breaker's clock moves by hand: with a real 0.5 s cooldown, a loaded machine
+    # that stalled this thread that long after the trip let the skipped call through
+    # as a probe (a second trip, no skip). The calls' deadlines stay real.
+    now = [1000.0]
+    monkeypatch.setattr(breaker, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     timeout = 0.3
-    RedisStore(redis_server.url, namespace=ns).put("k", Entry({"a": os.urandom(4096)}))
+    RedisStore(redis_server.url, namespace=ns, timeout=LOADED).put(
+        "k", Entry({"a": os.urandom(4096)})
+    )
+    with RedisStore(proxy.url, namespace=ns, timeout=LOADED) as passing:
+        assert passing.get("k") is not None  # the proxy passes replies for now
     remote = RedisStore(
         proxy.url, namespace=ns, timeout=timeout, breaker_threshold=3, breaker_cooldown=0.5
     )
     cache = Cache([MemoryStore(), remote])
-    assert remote.get("k") is not None  # the proxy passes replies for now
     proxy.mode = "trickle"  # 4 bytes every 100 ms: the whole reply would take ~100 s
     costs = []
     for _ in range(3):
@@ -67,10 +75,13 @@ def test_a_trickling_server_costs_one_deadline_per_call_then_the_breaker_skips_i
     assert remote.counters.skipped == 1
     proxy.mode = "pass"
     deadline = time.monotonic() + 30
-    while remote.breaker.state != "closed" and time.monotonic() < deadline:
-        time.sleep(0.1)
-        cache.get("k")  # the probe, once the cooldown is over
-    assert remote.get("k") is not None  # recovered
+    while True:
+        now[0] += 1  # past the cooldown: the next call is the breaker's probe
+        got = cache.get("k")
+        if remote.breaker.state == "closed":
+            break
+        assert time.monotonic() < deadline, "the probes never closed the breaker"
+    assert got is not None  # recovered: the probe read the entry through the proxy
 
 
 def test_a_server_answering_garbage_is_a_miss_and_opens_the_breaker(
@@ -219,14 +230,21 @@ def test_max_entry_size_is_configurable_and_binds_both_ways(
 
 
 # Remembered bad values ---------------------------------------------------------------------
-def test_bad_values_are_forgotten_after_a_while_and_bounded() -> None:
-    bad = BadValues(seconds=0.05, limit=3)
+def test_bad_values_are_forgotten_after_a_while_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The memory's own clock, moved by hand: with a real one, a loaded machine that
+    # stalled this thread for 50 ms between add and holds failed the test.
+    now = [1000.0]
+    monkeypatch.setattr(badvalues, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    bad = BadValues(seconds=60, limit=3)
     for name in "abcd":
         bad.add(name)
     assert len(bad) == 3
     assert not bad.holds("a")
+    now[0] += 59.9
     assert bad.holds("d")  # the oldest made room
-    time.sleep(0.06)
+    now[0] += 0.2
     assert not bad.holds("d")
     assert len(bad) == 2
 

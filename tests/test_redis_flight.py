@@ -22,15 +22,23 @@ from kernelcache.stores.disk import DiskStore
 from kernelcache.stores.memory import MemoryStore
 from kernelcache.stores.redis import RedisStore
 from kernelcache.stores.redis.lease import RedisLease
-from redis_server import RedisServer, unique_namespace
+from redis_server import LOADED, RedisServer, unique_namespace
 
 SPAWN = multiprocessing.get_context("spawn")
+#: The lease of a holder that must renew it in time (a thread every third of it): a
+#: loaded machine must starve that thread for most of a second to fail a test (issue 20.10).
+HELD = 1.0
 
 
 def _worker(
     url: str, ns: str, disk: str, key: str, counter: str, barrier: Any, results: Any
 ) -> None:
-    remote = RedisStore(url, namespace=ns, lease=1.0)
+    # Eight processes starting on a loaded 2-core machine: a call that timed out would
+    # let its waiter compile without the lease (nobody can coordinate through Redis),
+    # and a lease lapsing while its renewer is starved would let a second one in. This
+    # test is about the lease excluding, so neither may happen here: a generous
+    # timeout, and a lease that outlasts the compile without renewal.
+    remote = RedisStore(url, namespace=ns, lease=60.0, timeout=LOADED)
     cache = Cache([MemoryStore(), DiskStore(disk), remote])
 
     def compile_() -> Entry:
@@ -45,7 +53,7 @@ def _worker(
 
 
 def _hold_forever(url: str, ns: str, key: str, ready: Any) -> None:
-    lock = RedisStore(url, namespace=ns, lease=0.5).flight_lock(key)
+    lock = RedisStore(url, namespace=ns, lease=HELD, timeout=LOADED).flight_lock(key)
     assert lock is not None
     assert lock.acquire(timeout=5)
     ready.set()
@@ -88,7 +96,7 @@ def test_eight_processes_on_two_machines_compile_once(
 
 
 def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None:
-    store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=5.0)
+    store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=5.0, timeout=LOADED)
     first, second = store.flight_lock("k"), store.flight_lock("k")
     assert first is not None
     assert second is not None
@@ -108,7 +116,7 @@ def test_lease_excludes_others_until_released(redis_server: RedisServer) -> None
 def test_lease_is_renewed_while_held(redis_server: RedisServer) -> None:
     # A 1 s lease renewed by a thread: a loaded machine must starve that thread for
     # most of a second before the test could fail (issue 20.10).
-    store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=1.0)
+    store = RedisStore(redis_server.url, namespace=unique_namespace(), lease=HELD, timeout=LOADED)
     holder, waiter = store.flight_lock("k"), store.flight_lock("k")
     assert holder is not None
     assert waiter is not None
@@ -128,9 +136,9 @@ def test_lease_of_a_killed_holder_expires_and_a_waiter_takes_over(
     holder.start()
     try:
         assert ready.wait(timeout=30)
-        waiter = RedisStore(redis_server.url, namespace=ns).flight_lock("k")
+        waiter = RedisStore(redis_server.url, namespace=ns, timeout=LOADED).flight_lock("k")
         assert waiter is not None
-        assert not waiter.acquire(timeout=0.8)  # the live holder renews its 0.5 s lease
+        assert not waiter.acquire(timeout=1.5 * HELD)  # the live holder renews its lease
         os.kill(holder.pid, signal.SIGKILL)  # type: ignore[arg-type]
         assert waiter.acquire(timeout=60)  # the dead holder's lease expired
         waiter.release()
@@ -141,18 +149,22 @@ def test_lease_of_a_killed_holder_expires_and_a_waiter_takes_over(
 
 def test_only_the_owner_releases_a_lease(redis_server: RedisServer) -> None:
     ns = unique_namespace()
-    store = RedisStore(redis_server.url, namespace=ns, lease=0.3)
+    name = f"kc:{ns}:lock:{{k}}"
     client = redis.Redis.from_url(redis_server.url)
-    stalled = store.flight_lock("k")
+    stalled = RedisStore(redis_server.url, namespace=ns, lease=0.3, timeout=LOADED).flight_lock("k")
     assert isinstance(stalled, RedisLease)
     assert stalled.acquire(timeout=0)
-    client.delete(f"kc:{ns}:lock:{{k}}")  # as if the holder stalled past its lease
-    taker = store.flight_lock("k")
+    client.delete(name)  # as if the holder stalled past its lease
+    # The taker's lease outlasts the test: what Redis holds at the end must not depend
+    # on its renewer getting CPU in time (a 0.3 s lease lapsed on a loaded machine).
+    taker = RedisStore(redis_server.url, namespace=ns, lease=60, timeout=LOADED).flight_lock("k")
     assert isinstance(taker, RedisLease)
     assert taker.acquire(timeout=0)
-    time.sleep(0.3)  # the stalled holder's renewer notices it lost the lease
-    assert stalled.lost
+    deadline = time.monotonic() + 30
+    while not stalled.lost:  # the stalled holder's renewer (every 0.1 s) notices it lost it
+        assert time.monotonic() < deadline, "the renewer never noticed its lease was gone"
+        time.sleep(0.01)
     stalled.release()  # must not delete the taker's lease
-    assert client.get(f"kc:{ns}:lock:{{k}}") == (taker.token or "").encode()
+    assert client.get(name) == (taker.token or "").encode()
     taker.release()
-    assert client.exists(f"kc:{ns}:lock:{{k}}") == 0
+    assert client.exists(name) == 0

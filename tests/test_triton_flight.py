@@ -113,7 +113,7 @@ def test_four_processes_compile_each_variant_once(tmp_path: Path) -> None:
 def test_two_machines_sharing_redis_compile_each_variant_once(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
+    remote = redis_server.team_url(unique_namespace())
     machines = [_env(tmp_path, tmp_path / f"machine-{m}", KERNELCACHE_REMOTE=remote) for m in "ab"]
     results = _stampede([machines[0], machines[1]] * 2, tmp_path)
     _assert_one_compile_each(results)

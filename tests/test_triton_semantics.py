@@ -167,14 +167,26 @@ def _publish(manager: kt.CacheManager) -> dict[str, str]:
     return group
 
 
-def test_another_thread_waits_for_the_compile_and_hits() -> None:
+def test_another_thread_waits_for_the_compile_and_hits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelcache import singleflight
+
+    waiting = threading.Event()
+    real_wait = singleflight.Flight.wait
+
+    def wait(flight: singleflight.Flight) -> bool:
+        waiting.set()  # the waiter joined the holder's flight: what it publishes is handed over
+        return real_wait(flight)
+
+    monkeypatch.setattr(singleflight.Flight, "wait", wait)
     before = kt.counters()
     holder = kt.CacheManager("K")
     assert holder.get_group("k.json") is None
     waiter = threading.Thread(target=lambda: found.append(kt.CacheManager("K").get_group("k.json")))
     found: list[dict[str, str] | None] = []
     waiter.start()
-    time.sleep(0.3)  # it is waiting for the holder by now (or comes later and hits)
+    # Published only once the waiter waits: a waiter that a loaded machine started after
+    # a fixed sleep found the group published, a hit without a wait (group_waits 0).
+    assert waiting.wait(60), "the other thread never waited for the holder"
     published = _publish(holder)
     waiter.join(60)
     assert found == [published]  # files inside the cache, not private copies
