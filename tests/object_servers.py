@@ -32,6 +32,8 @@ HTTP_USER, HTTP_PASSWORD = "kc", "kc-password"
 
 
 def free_port() -> int:
+    """A loopback port no one listens on now (never 6379: a server there is not ours). The
+    server bound to it later may lose it to another process meanwhile: starters check."""
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from object_servers import free_port
+
 BINARY = shutil.which("redis-server")
 SKIP_REASON = (
     "redis-server binary not found: install it (apt-get install redis-server); "
@@ -30,15 +32,6 @@ SKIP_REASON = (
 #: a loaded 2-core CI (load 4) never turns a slow reply into a counted error; such tests
 #: assert counters and what Redis holds, never how long a call took (issue 20, item 10).
 LOADED = 30.0
-
-
-def _free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port != 6379:
-            return port
 
 
 class RedisServer:
@@ -54,7 +47,7 @@ class RedisServer:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.extra = extra
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -71,7 +64,7 @@ class RedisServer:
         for _ in range(attempts):
             if self._launch():
                 return
-            self.port = _free_port()  # lost a race for the port with another process
+            self.port = free_port()  # lost a race for the port with another process
         raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}")
 
     def restart(self) -> None:
@@ -90,10 +83,32 @@ class RedisServer:
             if self.process.poll() is not None:
                 return False
             if self.ping():
-                return True
+                if self._answering_pid() == self.process.pid:
+                    return True
+                # Another process's server took the port first (a free port is picked,
+                # then bound later): ours cannot bind; try another port.
+                break
             time.sleep(0.02)
         self.kill()
         return False
+
+    def _answering_pid(self) -> int | None:
+        """The pid of the redis-server answering on this port (``INFO server``)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5.0) as s:
+                s.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError:
+            return None
+        for line in reply.decode(errors="replace").splitlines():
+            if line.startswith("process_id:"):
+                return int(line.split(":", 1)[1])
+        return None
 
     def ping(self) -> bool:
         try:
