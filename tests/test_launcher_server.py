@@ -167,6 +167,39 @@ def test_a_sigterm_whose_exit_a_finalizer_dropped_still_stops_the_server(tmp_pat
     assert not listening(cache)
 
 
+#: A server as it starts: it holds the lock while the file still names the server before
+#: it (a pid no process can have), then empties it and writes its own pid a moment later.
+STARTING_SERVER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.write(fd, b"4194305 60.0\\n")
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(1.0)
+os.ftruncate(fd, 0)
+time.sleep(0.5)
+os.pwrite(fd, b"%d 60.0\\n" % os.getpid(), 0)
+time.sleep(300)
+"""
+
+
+def test_a_stop_as_the_server_starts_waits_for_its_pid(tmp_path: Path) -> None:
+    """stop() right after a launcher call started a server (a test's teardown) found the
+    lock held and the pid not written yet: it failed on the empty file, or signalled the
+    previous server's pid and waited for the lock until its timeout."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    argv = [sys.executable, "-c", STARTING_SERVER, str(cache / control.LOCK)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == "locked\n"
+            assert control.stop(str(cache), 60) is True
+            assert holder.wait(timeout=60) == -signal.SIGTERM
+        finally:
+            holder.kill()
+
+
 @pytest.mark.parametrize(
     "reply",
     [
