@@ -18,7 +18,7 @@ from kernelcache import Cache, Entry, Settings
 from kernelcache.nvcc import control
 from kernelcache.stores.redis import RedisStore
 from launcher_env import clean_env, start_server, stop_server, wait_for
-from redis_server import RedisServer
+from redis_server import LOADED, RedisServer
 
 
 def fill(env: dict[str, str], keys: list[str]) -> None:
@@ -36,7 +36,7 @@ def local_keys(env: dict[str, str]) -> list[str]:
 def test_prune_and_clear_leave_the_team_tier_alone_unless_remote(
     tmp_path: Path, redis_server: RedisServer, ns: str, command: list[str]
 ) -> None:
-    url = f"{redis_server.url}?namespace={ns}"
+    url = f"{redis_server.url}?namespace={ns}&timeout={LOADED:g}"  # not about timeouts
     env = {"KERNELCACHE_DIR": str(tmp_path / "c"), "KERNELCACHE_REMOTE": url}
     fill(env, ["k1", "k2", "k3"])  # written to disk and to Redis
     with RedisStore(url) as team:

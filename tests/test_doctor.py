@@ -17,7 +17,7 @@ from kernelcache.cli.main import main
 from kernelcache.entry import Entry
 from kernelcache.keys import KeyBuilder
 from kernelcache.settings import Settings
-from redis_server import RedisServer
+from redis_server import LOADED, RedisServer
 
 SECRET = "team-secret-for-tests"
 
@@ -32,7 +32,8 @@ def _signed_team(server: RedisServer, ns: str) -> str:
     """A team tier holding one entry signed with :data:`SECRET`; returns its URL."""
     from kernelcache.stores.redis import RedisStore
 
-    url = f"{server.url}?namespace={ns}"
+    # Generous: these tests are not about timeouts (redis_server.LOADED).
+    url = f"{server.url}?namespace={ns}&timeout={LOADED:g}"
     with RedisStore(url, secret=SECRET) as store:
         store.put(KeyBuilder("t.doctor").add("n", 1).hexdigest(), Entry({"x": b"1"}))
     return url

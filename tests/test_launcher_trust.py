@@ -193,7 +193,7 @@ def test_a_planted_link_is_never_written_through(
         # Refusing to start is right for some links: then no server process is left.
         wait_for(
             lambda: listening(project.cache) or not starting_or_running(project.cache),
-            30,
+            60,
             "the server to listen or to give up",
         )
         (project.project / "k.cubin").unlink()

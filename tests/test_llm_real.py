@@ -26,7 +26,7 @@ import pytest
 
 from cuda_standin import Toolkit, build_libcuda_stub, make_toolkit
 from launcher_env import clean_env, make_bin, stop_server
-from redis_server import RedisServer, unique_namespace
+from redis_server import LOADED, RedisServer, unique_namespace
 
 
 def _cuda_torch() -> bool:
@@ -117,7 +117,7 @@ def machines(
 ) -> Iterator[tuple[Toolkit, dict[str, str], dict[str, str]]]:
     kit = toolkit_with_stubs(tmp_path / "toolkit")
     front = make_bin(tmp_path / "bin")
-    remote = f"{redis_server.url}?namespace={unique_namespace()}"
+    remote = f"{redis_server.url}?namespace={unique_namespace()}&timeout={LOADED:g}"
     a, b = (kit.env(clean_env(tmp_path / name, KERNELCACHE_REMOTE=remote)) for name in ("a", "b"))
     for env in (a, b):
         env["CUDA_HOME"] = str(kit.root)

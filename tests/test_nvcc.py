@@ -82,12 +82,10 @@ def launch(argv: list[str]) -> tuple[int, str]:
 def warm_project(workspace: Path) -> Path:
     """A project whose BASE compile is in the cache."""
     root = make_project(workspace / "warm")
-    os.chdir(root)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # back where it was: later tests in this worker
+        mp.chdir(root)
         assert launch(BASE) == (0, "misses")
         assert launch(BASE) == (0, "hits")
-    finally:
-        os.chdir(workspace)
     return root
 
 

@@ -65,20 +65,32 @@ def stop(directory: str, timeout: float = 10.0) -> bool:
     try:
         if _try_lock(fd):
             return False
-        pid = int(os.pread(fd, 32, 0).split()[0])
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while not _try_lock(fd):
+        pid = 0
+        while True:
+            # Read again each time: a server that has just taken the lock has not written
+            # its pid yet (the file is empty, or still names the server before it).
+            written = _pid(fd)
+            if written is not None and written != pid:
+                pid = written
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            if _try_lock(fd):
+                return True
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"the server of {directory} (pid {pid}) did not exit in {timeout:g} s"
                     f" (state: {_state(pid)})"
                 )
             time.sleep(0.01)
-        return True
     finally:
         os.close(fd)
+
+
+def _pid(fd: int) -> int | None:
+    """The pid written in the lock file, or ``None`` while none is."""
+    fields = os.pread(fd, 32, 0).split()
+    return int(fields[0]) if fields and fields[0].isdigit() and int(fields[0]) > 0 else None
 
 
 def _state(pid: int) -> str:
