@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import signal
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -125,6 +126,15 @@ def test_clear_and_prune_remove_a_whole_shard_across_its_compaction(
 # A compaction killed between its rename and the retired flag ---------------------------
 
 
+def killed_in(target: Callable[..., None], *args: object) -> None:
+    """Run ``target(*args)`` in a spawned process that kills itself (SIGKILL) part way
+    through a write; return once it is dead, as planned."""
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
+
+
 def _compact_then_die(root: str, key: str, before_rename: bool = False) -> None:
     """Replace ``key`` until its shard's pack is compacted; die (SIGKILL) right after the
     new index is renamed over the old one (or right before, ``before_rename``)."""
@@ -158,12 +168,7 @@ def test_a_compaction_killed_before_retiring_leaves_no_stale_entry(
     holder = DiskStore(root)  # a long-lived process: the shard's index stays open
     holder.put(old, entry(old))
     assert holder.get(old) == entry(old)
-    child = multiprocessing.get_context("spawn").Process(
-        target=_compact_then_die, args=(root, churn, before_rename)
-    )
-    child.start()
-    child.join(120)
-    assert child.exitcode == -signal.SIGKILL  # killed mid-compaction, as planned
+    killed_in(_compact_then_die, root, churn, before_rename)  # mid-compaction, as planned
     fresh = DiskStore(root)  # a process started since: it opens the new index
     assert fresh.delete(old)
     assert holder.get(old) is None  # deleted: the holder's old index still serves it
@@ -190,12 +195,7 @@ def test_a_clear_after_a_killed_packed_replace_of_a_file_leaves_nothing(tmp_path
     root = str(tmp_path / "c")
     (key,) = in_shard(SHARD, 1, "p")
     DiskStore(root).put(key, entry(key, 40_000))  # a file
-    child = multiprocessing.get_context("spawn").Process(
-        target=_pack_then_die_before_removing_the_file, args=(root, key)
-    )
-    child.start()
-    child.join(120)
-    assert child.exitcode == -signal.SIGKILL
+    killed_in(_pack_then_die_before_removing_the_file, root, key)
     store = DiskStore(root)
     assert store.get(key) == entry(key, 3000)  # the packed version is what hits
     store.clear()
@@ -218,12 +218,7 @@ def test_a_writer_killed_between_slot_and_header_leaves_a_usable_pack(tmp_path: 
     root = str(tmp_path / "c")
     first, victim, after = in_shard(SHARD, 3, "h")
     DiskStore(root).put(first, entry(first, 100))  # the pack exists, small live bytes
-    child = multiprocessing.get_context("spawn").Process(
-        target=_put_then_die_before_header, args=(root, victim)
-    )
-    child.start()
-    child.join(120)
-    assert child.exitcode == -signal.SIGKILL
+    killed_in(_put_then_die_before_header, root, victim)
     store = DiskStore(root)
     assert store.get(victim) in (None, entry(victim, 3000))
     store.delete(victim)  # struct.error on the branch: the header's live bytes go below 0
